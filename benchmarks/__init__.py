@@ -1,0 +1,1 @@
+"""Benchmarks: each runs its baseline in the same run, prints one JSON object and can write it to a file."""

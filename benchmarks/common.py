@@ -1,0 +1,54 @@
+"""Shared benchmark helpers: robust timing and the one-JSON-object output convention."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall seconds of `fn()` (its result is blocked on, so async dispatch is counted)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_flops_per_s(n: int = 1024, dtype=np.float32) -> float:
+    """This machine's dense matmul FLOP/s through XLA: the roofline the model is compared with."""
+    a = jax.numpy.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    f = jax.jit(lambda x: x @ x)
+    return 2 * n**3 / timeit(lambda: f(a), repeats=7, warmup=2)
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "jax": jax.__version__,
+            "backend": jax.default_backend(), "devices": len(jax.devices())}
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--json", metavar="FILE", help="also write the JSON object to FILE")
+    p.add_argument("--quick", action="store_true", help="smaller grid for CI smoke runs")
+    return p
+
+
+def emit(result: dict, path: str | None) -> None:
+    """Print the one JSON object (stdout) and write it to `path` when given."""
+    text = json.dumps(result, indent=1, sort_keys=False)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,136 @@
+"""Checkpoints: Orbax save/restore of params (with the config beside them) and Hugging Face import.
+
+`load_hf(path)` reads a local Llama or Qwen2 checkpoint directory (`config.json` plus one or
+several `*.safetensors` files); it never touches the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+from safetensors import safe_open
+
+from models.config import ModelConfig
+from models.params import Params, abstract_params, check_params
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read: missing or misshaped tensors, unknown architecture."""
+
+
+def save_checkpoint(path: str, params: Params, cfg: ModelConfig) -> None:
+    """Write params (Orbax) and `model_config.json` under directory `path` (created; must not exist)."""
+    path = os.path.abspath(path)
+    check_params(params, cfg)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(path, "params"), params)
+    with open(os.path.join(path, "model_config.json"), "w") as f:
+        json.dump(dataclasses.asdict(cfg), f, indent=1)
+
+
+def restore_checkpoint(path: str, shardings=None) -> tuple[ModelConfig, Params]:
+    """Read what `save_checkpoint` wrote; params land on `shardings` when given."""
+    path = os.path.abspath(path)
+    try:
+        with open(os.path.join(path, "model_config.json")) as f:
+            fields = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a dualjax checkpoint (no model_config.json)") from None
+    fields["rope_scaling"] = tuple(fields["rope_scaling"])
+    cfg = ModelConfig(**fields)
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
+    return cfg, params
+
+
+_ARCHS = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # architecture -> default qkv bias
+
+
+def hf_config(hf: dict, name: str = "hf") -> ModelConfig:
+    """Map a Hugging Face `config.json` dict to a ModelConfig."""
+    arch = (hf.get("architectures") or ["?"])[0]
+    if arch not in _ARCHS:
+        raise CheckpointError(f"unsupported architecture {arch!r}; supported: {sorted(_ARCHS)}")
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if scaling and rope_type != "llama3":
+        raise CheckpointError(f"unsupported rope_scaling {scaling}; only llama3 scaling is implemented")
+    rope = (float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
+            int(scaling["original_max_position_embeddings"])) if scaling else (0.0, 0.0, 0.0, 0)
+    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(
+        hf.get("torch_dtype", "float32"), "float32")
+    return ModelConfig(
+        name=name, vocab=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        ffw=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
+        rope_theta=float(hf.get("rope_theta", 10000.0)), rope_scaling=rope, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        qkv_bias=bool(hf.get("attention_bias", _ARCHS[arch])), tie_embeddings=bool(hf.get("tie_word_embeddings")),
+        dtype=dtype)
+
+
+def _hf_layout(cfg: ModelConfig):
+    """(hf name, params path, expected HF shape, convert) for every tensor of the checkpoint."""
+    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffw, cfg.vocab
+    same = lambda w: w  # noqa: E731
+    t = lambda *shape: (lambda w: w.T.reshape(shape))  # noqa: E731
+    rows = [("model.embed_tokens.weight", ("embed",), (V, D), same),
+            ("model.norm.weight", ("final_norm",), (D,), same)]
+    if not cfg.tie_embeddings:
+        rows.append(("lm_head.weight", ("lm_head",), (V, D), t(D, V)))
+    for i in range(cfg.n_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        rows += [(p + "input_layernorm.weight", ("layers", i, "attn_norm"), (D,), same),
+                 (a + "q_proj.weight", ("layers", i, "wq"), (N * H, D), t(D, N, H)),
+                 (a + "k_proj.weight", ("layers", i, "wk"), (K * H, D), t(D, K, H)),
+                 (a + "v_proj.weight", ("layers", i, "wv"), (K * H, D), t(D, K, H)),
+                 (a + "o_proj.weight", ("layers", i, "wo"), (D, N * H), t(N, H, D)),
+                 (p + "post_attention_layernorm.weight", ("layers", i, "mlp_norm"), (D,), same),
+                 (m + "gate_proj.weight", ("layers", i, "w_gate"), (F, D), t(D, F)),
+                 (m + "up_proj.weight", ("layers", i, "w_up"), (F, D), t(D, F)),
+                 (m + "down_proj.weight", ("layers", i, "w_down"), (D, F), t(F, D))]
+        if cfg.qkv_bias:
+            rows += [(a + f"{x}_proj.bias", ("layers", i, f"b{x}"), (n * H,), (lambda n: lambda w: w.reshape(n, H))(n))
+                     for x, n in (("q", N), ("k", K), ("v", K))]
+    return rows
+
+
+def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
+    """Import a local HF Llama/Qwen2 checkpoint directory -> (ModelConfig, params).
+
+    Raises CheckpointError naming the tensor when one is missing or misshaped.
+    """
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = hf_config(json.load(f), name=os.path.basename(os.path.normpath(path)))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no config.json; expected a Hugging Face checkpoint directory") from None
+    if dtype:
+        cfg = cfg.replace(dtype=dtype)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors files")
+    handles = [safe_open(f, framework="numpy") for f in files]
+    where = {k: h for h in handles for k in h.keys()}
+    params: dict = {"layers": [{} for _ in range(cfg.n_layers)]}
+    for hf_name, dest, shape, convert in _hf_layout(cfg):
+        if hf_name not in where:
+            raise CheckpointError(f"{path}: missing tensor {hf_name}")
+        got = tuple(where[hf_name].get_slice(hf_name).get_shape())
+        if got != shape:
+            raise CheckpointError(f"{path}: tensor {hf_name} has shape {got}, expected {shape}")
+        value = jax.numpy.asarray(convert(where[hf_name].get_tensor(hf_name)), cfg.jnp_dtype)
+        node = params
+        for key in dest[:-1]:
+            node = node[key]
+        node[dest[-1]] = value
+    check_params(params, cfg)
+    return cfg, params
+
+
+__all__ = ["CheckpointError", "save_checkpoint", "restore_checkpoint", "hf_config", "load_hf"]

@@ -1,0 +1,67 @@
+"""Batched greedy decoding over a fixed-shape KV cache, and a one-call `generate`.
+
+A `DecodeCache` has a fixed number of slots and a fixed capacity, so every decode step runs the
+same compiled program whatever the batch's composition: a row's tokens do not depend on which
+other requests share the batch (this is what lets the runtime promise bit-identical tokens).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.model import decode_step_jit, greedy
+from models.params import Params
+from models.prefill import InputError, check_tokens, prefill
+
+
+class DecodeCache:
+    """KV cache [L, slots, capacity, 2, K, H] plus per-slot lengths (host-side)."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, sharding=None):
+        if capacity > cfg.max_seq_len:
+            raise InputError(f"decode capacity {capacity} exceeds max_seq_len={cfg.max_seq_len} of {cfg.name!r}")
+        self.cfg, self.slots, self.capacity = cfg, slots, capacity
+        shape = (cfg.n_layers, slots, capacity, 2, cfg.n_kv_heads, cfg.head_dim)
+        self.kv = jnp.zeros(shape, cfg.jnp_dtype, device=sharding)
+        self.lengths = np.zeros(slots, np.int32)
+
+    def insert(self, slot: int, kv) -> None:
+        """Place one sequence's KV [L, S, 2, K, H] into `slot` (replacing what was there)."""
+        S = kv.shape[1]
+        if S >= self.capacity:
+            raise InputError(f"sequence of {S} tokens does not fit decode capacity {self.capacity}")
+        self.kv = self.kv.at[:, slot, :S].set(jnp.asarray(kv, self.kv.dtype))
+        self.lengths[slot] = S
+
+    def row(self, slot: int, start: int, stop: int):
+        """KV [L, stop-start, 2, K, H] of one slot's positions [start, stop)."""
+        return self.kv[:, slot, start:stop]
+
+    def step(self, params: Params, tokens) -> np.ndarray:
+        """Feed tokens [slots] at each slot's current length; returns greedy next ids [slots].
+
+        Rows whose slot is idle still compute (fixed shape) and their outputs are ignored.
+        Raises InputError when any slot is full.
+        """
+        if self.lengths.max() >= self.capacity:
+            raise InputError(f"a decode slot reached capacity {self.capacity}")
+        logits, self.kv = decode_step_jit(params, self.cfg, jnp.asarray(tokens, jnp.int32), self.kv,
+                                          jnp.asarray(self.lengths))
+        self.lengths += 1
+        return np.asarray(greedy(logits))
+
+
+def generate(params: Params, cfg: ModelConfig, tokens, steps: int, capacity: int | None = None):
+    """Greedy-generate `steps` tokens after each prompt row of tokens [B, T]; returns ids [B, steps]."""
+    tokens = check_tokens(tokens, cfg)
+    B, T = tokens.shape
+    logits, kv = prefill(params, cfg, tokens)
+    cache = DecodeCache(cfg, B, capacity or T + steps)
+    for b in range(B):
+        cache.insert(b, kv[:, b])
+    out = [np.asarray(greedy(logits[:, -1]))]
+    for _ in range(steps - 1):
+        out.append(cache.step(params, out[-1]))
+    return np.stack(out, axis=1)

@@ -1,0 +1,174 @@
+"""The functional decoder (Llama / Qwen2 family): pure functions over a params pytree.
+
+`forward_layer` is the one layer implementation; the fused `forward` and the layerwise driver
+(`Layerwise`) both call it, and `decode_step` is built from its three pieces (`project_qkv`,
+`attend`, `finish_layer`), so they agree by construction.
+
+KV layout: a layer's KV is `[B, S, 2, K, H]` (keys after RoPE, then values); all layers stack
+to `[L, B, S, 2, K, H]`, so one sequence's slice `[L, S, 2, K, H]` is a run of Full Blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.params import Params
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies [H/2], with Llama 3 scaling when `cfg.rope_scaling` is set."""
+    H = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, H, 2, dtype=np.float64) / H))
+    factor, low, high, orig = cfg.rope_scaling
+    if factor:
+        wavelen = 2 * np.pi / inv
+        smooth = np.clip((orig / wavelen - low) / (high - low), 0.0, 1.0)
+        scaled = np.where(wavelen > orig / low, inv / factor, inv)
+        mid = (wavelen <= orig / low) & (wavelen >= orig / high)
+        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.astype(np.float32)
+
+
+def apply_rope(x, positions, cfg: ModelConfig):
+    """Rotate x [B, T, n, H] by positions [B, T] (half-split layout, as in HF Llama/Qwen2)."""
+    angles = positions[..., None].astype(jnp.float32) * rope_inv_freq(cfg)  # [B, T, H/2]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def rms_norm(x, w, eps):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * w).astype(x.dtype)
+
+
+def embed(params: Params, tokens):
+    """tokens [B, T] -> x [B, T, D]."""
+    return params["embed"][tokens]
+
+
+def head(params: Params, cfg: ModelConfig, x):
+    """x [B, T, D] -> float32 logits [B, T, V]."""
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+
+
+def project_qkv(x, lp, positions, cfg: ModelConfig):
+    """Attention inputs of x [B, T, D]: q [B, T, N, H] and kv [B, T, 2, K, H] (RoPE applied)."""
+    h = rms_norm(x, lp["attn_norm"], cfg.norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, lp["wq"])
+    k = jnp.einsum("btd,dkh->btkh", h, lp["wk"])
+    v = jnp.einsum("btd,dkh->btkh", h, lp["wv"])
+    if cfg.qkv_bias:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    return apply_rope(q, positions, cfg), jnp.stack([apply_rope(k, positions, cfg), v], axis=2)
+
+
+def attend(q, keys, vals, mask, cfg: ModelConfig):
+    """GQA attention: q [B, T, N, H] over keys/vals [B, S, K, H] where mask [B, T, S]."""
+    B, T, _, H = q.shape
+    q = q.reshape(B, T, cfg.n_kv_heads, cfg.q_per_kv, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys, preferred_element_type=jnp.float32) / np.sqrt(H)
+    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(vals.dtype)
+    return jnp.einsum("bkgts,bskh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H)
+
+
+def finish_layer(x, attn, lp, cfg: ModelConfig):
+    """Output projection, residuals and the SwiGLU MLP: x [B, T, D], attn [B, T, N, H] -> x."""
+    x = x + jnp.einsum("btnh,nhd->btd", attn, lp["wo"])
+    h = rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
+    gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp["w_gate"]))
+    return x + jnp.einsum("btf,fd->btd", gate * jnp.einsum("btd,df->btf", h, lp["w_up"]), lp["w_down"])
+
+
+def forward_layer(x, lp, positions, cfg: ModelConfig, prefix_kv, prefix_len):
+    """One decoder layer over new tokens, attending to a cached prefix and causally to themselves.
+
+    x [B, T, D]; positions [B, T] (= prefix_len + t); prefix_kv [B, S, 2, K, H] of which the
+    first prefix_len[b] entries are valid (S may be 0); returns (x [B, T, D], kv [B, T, 2, K, H]).
+    """
+    B, T, _ = x.shape
+    S = prefix_kv.shape[1]
+    q, kv = project_qkv(x, lp, positions, cfg)
+    keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1)  # [B, S+T, K, H]
+    vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1)
+    in_prefix = jnp.arange(S)[None, None, :] < prefix_len[:, None, None]  # [B, 1, S]
+    causal = jnp.arange(T)[None, :, None] >= jnp.arange(T)[None, None, :]  # [1, T, T]
+    mask = jnp.concatenate([jnp.broadcast_to(in_prefix, (B, T, S)), jnp.broadcast_to(causal, (B, T, T))], -1)
+    return finish_layer(x, attend(q, keys, vals, mask, cfg), lp, cfg), kv
+
+
+def forward(params: Params, cfg: ModelConfig, tokens, prefix_kv, prefix_len):
+    """Fused prefill: tokens [B, T], prefix_kv [L, B, S, 2, K, H], prefix_len [B]
+    -> (logits [B, T, V] float32, kv [L, B, T, 2, K, H])."""
+    positions = prefix_len[:, None] + jnp.arange(tokens.shape[1])[None, :]
+    x = embed(params, tokens)
+    kvs = []
+    for layer, lp in enumerate(params["layers"]):
+        x, kv = forward_layer(x, lp, positions, cfg, prefix_kv[layer], prefix_len)
+        kvs.append(kv)
+    return head(params, cfg, x), jnp.stack(kvs)
+
+
+def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths):
+    """One batched decode step. tokens [B], cache [L, B, S, 2, K, H], lengths [B] (valid entries
+    per row; the new token goes at position lengths[b]). Returns (logits [B, V], cache').
+
+    Uses the pieces of `forward_layer`, but writes the new KV into the cache first and attends
+    over the cache in place (no per-step copy of the cache). The jitted form `decode_step_jit`
+    donates `cache`: the caller's array is invalid afterwards.
+    """
+    positions = lengths[:, None]
+    x = embed(params, tokens[:, None])
+    rows = jnp.arange(tokens.shape[0])
+    mask = (jnp.arange(cache.shape[2])[None, :] <= lengths[:, None])[:, None, :]  # [B, 1, S]
+    for layer, lp in enumerate(params["layers"]):
+        q, kv = project_qkv(x, lp, positions, cfg)
+        cache = cache.at[layer, rows, lengths].set(kv[:, 0])
+        x = finish_layer(x, attend(q, cache[layer, :, :, 0], cache[layer, :, :, 1], mask, cfg), lp, cfg)
+    return head(params, cfg, x)[:, 0], cache
+
+
+decode_step_jit = jax.jit(decode_step, static_argnums=1, donate_argnums=3)
+
+
+def greedy(logits):
+    """Greedy sampling: argmax over the vocabulary (ties go to the lowest id)."""
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def reference_logits(params: Params, cfg: ModelConfig, tokens) -> np.ndarray:
+    """A plain, cache-free forward (kv heads repeated, explicit causal mask): the test reference.
+
+    tokens [B, T] -> float32 logits [B, T, V] as a NumPy array.
+    """
+    tokens = jnp.asarray(tokens)
+    B, T = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    x = params["embed"][tokens]
+    for lp in params["layers"]:
+        h = rms_norm(x, lp["attn_norm"], cfg.norm_eps)
+        q, k, v = (jnp.einsum("btd,dnh->btnh", h, lp[w]) for w in ("wq", "wk", "wv"))
+        if cfg.qkv_bias:
+            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q, k = apply_rope(q, pos, cfg), apply_rope(k, pos, cfg)
+        k, v = (jnp.repeat(a, cfg.q_per_kv, axis=2) for a in (k, v))
+        s = jnp.einsum("bqnh,bknh->bnqk", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
+        s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
+        a = jnp.einsum("bnqk,bknh->bqnh", jax.nn.softmax(s, -1).astype(v.dtype), v)
+        x = x + jnp.einsum("bqnh,nhd->bqd", a, lp["wo"])
+        h = rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
+        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+    return np.asarray(head(params, cfg, x))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _forward_jit(params, cfg, tokens, prefix_kv, prefix_len):
+    return forward(params, cfg, tokens, prefix_kv, prefix_len)

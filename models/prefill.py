@@ -1,0 +1,151 @@
+"""Public prefill API: input checks, shape buckets, and the layerwise driver.
+
+`prefill` runs all layers in one jitted program; `Layerwise` runs the same `forward_layer` one
+layer at a time so a runtime can load layer l+1's KV while layer l computes. Lengths are padded
+to a few buckets (powers of two) so a long multi-turn run compiles a handful of programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.model import _forward_jit, embed, forward_layer, head
+from models.params import Params
+
+
+class InputError(ValueError):
+    """Bad input to a model function: the message says which argument and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    """Padding buckets: new-token and prefix lengths round up to powers of two from these minima."""
+
+    min_new: int = 256
+    min_prefix: int = 512
+
+    def new(self, n: int) -> int:
+        return max(self.min_new, 1 << max(n - 1, 0).bit_length())
+
+    def prefix(self, n: int) -> int:
+        return 0 if n == 0 else max(self.min_prefix, 1 << (n - 1).bit_length())
+
+
+DEFAULT_BUCKETS = Buckets()
+
+
+def check_tokens(tokens, cfg: ModelConfig, name: str = "tokens") -> np.ndarray:
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise InputError(f"{name} must be an integer array [B, T], got {tokens.dtype} {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab):
+        bad = tokens[(tokens < 0) | (tokens >= cfg.vocab)][0]
+        raise InputError(f"{name} holds id {bad} outside the vocabulary [0, {cfg.vocab}) of {cfg.name!r}")
+    return tokens.astype(np.int32)
+
+
+def check_prefix(prefix_kv, prefix_len, cfg: ModelConfig, batch: int, new: int, layers: int):
+    """Validate a cached prefix [layers, B, S, 2, K, H] and its per-row lengths; returns (kv, lengths)."""
+    if prefix_kv is None:
+        prefix_kv = np.zeros((layers, batch, 0, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    want = (layers, batch, None, 2, cfg.n_kv_heads, cfg.head_dim)
+    shape = tuple(prefix_kv.shape)
+    if len(shape) != 6 or any(w is not None and w != s for w, s in zip(want, shape)):
+        raise InputError(f"prefix_kv has shape {shape}, expected [L={layers}, B={batch}, S, 2, "
+                         f"K={cfg.n_kv_heads}, H={cfg.head_dim}] for {cfg.name!r}")
+    if prefix_kv.dtype != cfg.jnp_dtype:
+        raise InputError(f"prefix_kv has dtype {prefix_kv.dtype}, expected {cfg.dtype} for {cfg.name!r}")
+    S = shape[2]
+    lengths = np.full((batch,), S, np.int32) if prefix_len is None else np.asarray(prefix_len, np.int32)
+    if lengths.shape != (batch,) or lengths.min(initial=0) < 0 or lengths.max(initial=0) > S:
+        raise InputError(f"prefix_len must be [B={batch}] values in [0, {S}], got {lengths.tolist()}")
+    if lengths.max(initial=0) + new > cfg.max_seq_len:
+        raise InputError(f"sequence of {lengths.max() + new} tokens exceeds max_seq_len={cfg.max_seq_len} "
+                         f"of {cfg.name!r}")
+    return prefix_kv, lengths
+
+
+def _pad(a, axis: int, size: int):
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, widths)
+
+
+def prefill(params: Params, cfg: ModelConfig, tokens, prefix_kv=None, prefix_len=None,
+            buckets: Buckets = DEFAULT_BUCKETS):
+    """Prefill new tokens [B, T] over a cached prefix [L, B, S, 2, K, H] (None or S = 0: no prefix).
+
+    Returns (logits [B, T, V] float32, kv [L, B, T, 2, K, H]) for the new tokens only.
+    Raises InputError for ids outside the vocabulary, a misshaped prefix, or a sequence past
+    `cfg.max_seq_len`.
+    """
+    tokens = check_tokens(tokens, cfg)
+    B, T = tokens.shape
+    prefix_kv, lengths = check_prefix(prefix_kv, prefix_len, cfg, B, T, cfg.n_layers)
+    Tb, Sb = buckets.new(T), buckets.prefix(int(lengths.max(initial=0)))
+    logits, kv = _forward_jit(params, cfg, _pad(jnp.asarray(tokens), 1, Tb),
+                              _pad(jnp.asarray(prefix_kv)[:, :, :Sb], 2, Sb), jnp.asarray(lengths))
+    return logits[:, :T], kv[:, :, :T]
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _layer_jit(x, lp, positions, cfg, prefix_kv, prefix_len):
+    return forward_layer(x, lp, positions, cfg, prefix_kv, prefix_len)
+
+
+_embed_jit = jax.jit(embed)
+_head_jit = jax.jit(head, static_argnums=1)
+
+
+class Layerwise:
+    """One prefill driven a layer at a time (the runtime's form of `prefill`).
+
+    Usage: `lw = Layerwise(params, cfg, tokens, prefix_len)`; for each layer l in order,
+    `kv_l = lw.layer(l, prefix_kv_l)` with prefix_kv_l [B, S, 2, K, H] (S >= max prefix_len);
+    then `lw.logits()`. Each call is asynchronous (JAX dispatch), so the caller can load the next
+    layer's KV while this one computes. Results equal `prefill` up to float rounding of fusion.
+    """
+
+    def __init__(self, params: Params, cfg: ModelConfig, tokens, prefix_len=None,
+                 buckets: Buckets = DEFAULT_BUCKETS):
+        tokens = check_tokens(tokens, cfg)
+        self.params, self.cfg, self.B, self.T = params, cfg, *tokens.shape
+        lengths = np.zeros(self.B, np.int32) if prefix_len is None else np.asarray(prefix_len, np.int32)
+        _, self.prefix_len = check_prefix(
+            np.zeros((1, self.B, int(lengths.max(initial=0)), 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype),
+            lengths, cfg, self.B, self.T, 1)
+        self.Tb, self.Sb = buckets.new(self.T), buckets.prefix(int(lengths.max(initial=0)))
+        self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
+        self.x = _embed_jit(params, _pad(jnp.asarray(tokens), 1, self.Tb))
+        self.next_layer = 0
+
+    def layer(self, layer: int, prefix_kv):
+        """Run `layer` over its prefix KV [B, S, 2, K, H]; returns the new tokens' KV [B, T, 2, K, H]."""
+        if layer != self.next_layer:
+            raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
+        check_prefix(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
+        prefix_kv = _pad(jnp.asarray(prefix_kv)[:, :self.Sb], 1, self.Sb)
+        self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
+                                jnp.asarray(self.prefix_len))
+        self.next_layer += 1
+        return kv[:, :self.T]
+
+    def logits(self):
+        """Logits [B, T, V] float32 after the last layer."""
+        if self.next_layer != self.cfg.n_layers:
+            raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
+        return _head_jit(self.params, self.cfg, self.x)[:, :self.T]
+
+
+def compile_counts() -> dict[str, int]:
+    """Programs compiled so far per jitted entry point (shape buckets keep these small)."""
+    return {"prefill": _forward_jit._cache_size(), "layer": _layer_jit._cache_size(),
+            "embed": _embed_jit._cache_size(), "head": _head_jit._cache_size()}

@@ -1,0 +1,21 @@
+"""Shared fixtures: a 4-device CPU platform (set before JAX starts) and tiny params built once."""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    cfg = models.get_config("tiny")
+    return cfg, models.init_params(cfg, seed=0)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,101 @@
+"""Checkpoints: Orbax round trip and Hugging Face import from files the test writes itself."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import models
+
+
+def _hf_tensors(cfg, params):
+    """The params of `cfg` in Hugging Face names and layouts."""
+    g = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    out = {"model.embed_tokens.weight": g(params["embed"]), "model.norm.weight": g(params["final_norm"])}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = g(params["lm_head"]).T.copy()
+    for i, lp in enumerate(params["layers"]):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[p + "input_layernorm.weight"] = g(lp["attn_norm"])
+        out[p + "post_attention_layernorm.weight"] = g(lp["mlp_norm"])
+        for x in "qkv":
+            w = g(lp["w" + x])
+            out[a + f"{x}_proj.weight"] = w.reshape(w.shape[0], -1).T.copy()
+            if cfg.qkv_bias:
+                out[a + f"{x}_proj.bias"] = g(lp["b" + x]).reshape(-1)
+        out[a + "o_proj.weight"] = g(lp["wo"]).reshape(-1, cfg.d_model).T.copy()
+        out[m + "gate_proj.weight"] = g(lp["w_gate"]).T.copy()
+        out[m + "up_proj.weight"] = g(lp["w_up"]).T.copy()
+        out[m + "down_proj.weight"] = g(lp["w_down"]).T.copy()
+    return out
+
+
+def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None):
+    tensors = _hf_tensors(cfg, params)
+    if drop:
+        del tensors[drop]
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1]
+    names = sorted(tensors)
+    for s in range(shards):
+        save_file({k: tensors[k] for k in names[s::shards]}, str(path / f"model-{s:05d}-of-{shards:05d}.safetensors"))
+    hf = {"architectures": [arch], "vocab_size": cfg.vocab, "hidden_size": cfg.d_model,
+          "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+          "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffw,
+          "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
+          "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32"}
+    (path / "config.json").write_text(json.dumps(hf))
+
+
+def test_orbax_round_trip_is_exact(tiny, tmp_path):
+    cfg, params = tiny
+    models.save_checkpoint(str(tmp_path / "ckpt"), params, cfg)
+    cfg2, restored = models.restore_checkpoint(str(tmp_path / "ckpt"))
+    assert cfg2 == cfg
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("arch,bias,tied", [("LlamaForCausalLM", False, False), ("Qwen2ForCausalLM", True, True)])
+def test_load_hf_gives_the_same_logits(tmp_path, rng, arch, bias, tied):
+    cfg = models.get_config("tiny", qkv_bias=bias, tie_embeddings=tied, rope_theta=1e6)
+    params = models.init_params(cfg, seed=3)
+    if bias:  # non-zero biases so the mapping is really exercised
+        for lp in params["layers"]:
+            for x in "qkv":
+                lp["b" + x] = lp["b" + x] + 0.1 * rng.standard_normal(lp["b" + x].shape).astype(np.float32)
+    _write_hf(tmp_path, cfg, params, arch)
+    cfg2, loaded = models.load_hf(str(tmp_path))
+    assert (cfg2.qkv_bias, cfg2.tie_embeddings, cfg2.n_kv_heads) == (bias, tied, cfg.n_kv_heads)
+    tokens = rng.integers(0, cfg.vocab, (1, 20))
+    np.testing.assert_array_equal(models.reference_logits(loaded, cfg2, tokens),
+                                  models.reference_logits(params, cfg, tokens))
+
+
+def test_load_hf_names_missing_and_misshaped_tensors(tiny, tmp_path):
+    cfg, params = tiny
+    (tmp_path / "a").mkdir()
+    _write_hf(tmp_path / "a", cfg, params, "LlamaForCausalLM", drop="model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(models.CheckpointError, match=r"missing tensor model\.layers\.1\.mlp\.up_proj\.weight"):
+        models.load_hf(str(tmp_path / "a"))
+    (tmp_path / "b").mkdir()
+    _write_hf(tmp_path / "b", cfg, params, "LlamaForCausalLM", reshape="model.layers.0.self_attn.k_proj.weight")
+    with pytest.raises(models.CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight has shape"):
+        models.load_hf(str(tmp_path / "b"))
+    with pytest.raises(models.CheckpointError, match="no config.json"):
+        models.load_hf(str(tmp_path / "nowhere"))
+
+
+def test_load_hf_matches_transformers_when_installed(tmp_path, rng):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = models.get_config("tiny", qkv_bias=True, rope_theta=1e6)
+    params = models.init_params(cfg, seed=5)
+    _write_hf(tmp_path, cfg, params, "Qwen2ForCausalLM", shards=1)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), torch_dtype=torch.float32)
+    tokens = rng.integers(0, cfg.vocab, (1, 16))
+    want = hf(torch.tensor(tokens)).logits.detach().numpy()
+    cfg2, loaded = models.load_hf(str(tmp_path))
+    np.testing.assert_allclose(models.reference_logits(loaded, cfg2, tokens), want, rtol=1e-4, atol=1e-4)

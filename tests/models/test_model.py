@@ -1,0 +1,134 @@
+"""Model invariants: cached-prefix prefill, decode, layerwise and sharded runs match the reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models
+from models.model import decode_step_jit
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("split", [0, 1, 37, 64, 128, 199])
+def test_prefill_over_cached_prefix_matches_full_and_reference(tiny, rng, split):
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (2, 200))
+    ref = models.reference_logits(params, cfg, tokens)
+    full_logits, full_kv = models.prefill(params, cfg, tokens)
+    np.testing.assert_allclose(np.asarray(full_logits), ref, **TOL)
+    _, kv1 = models.prefill(params, cfg, tokens[:, :split])
+    logits2, kv2 = models.prefill(params, cfg, tokens[:, split:], kv1)
+    np.testing.assert_allclose(np.asarray(logits2), ref[:, split:], **TOL)
+    np.testing.assert_allclose(np.asarray(kv2), np.asarray(full_kv[:, :, split:]), **TOL)
+
+
+def test_ragged_prefix_lengths_per_row(tiny, rng):
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (2, 90))
+    _, kv = models.prefill(params, cfg, tokens[:, :70])
+    lengths = np.array([70, 50])
+    new = np.stack([tokens[0, 70:90], tokens[1, 50:70]])
+    logits, _ = models.prefill(params, cfg, new, kv, prefix_len=lengths)
+    for b, n in enumerate(lengths):
+        ref = models.reference_logits(params, cfg, tokens[b:b + 1, :n + 20])
+        np.testing.assert_allclose(np.asarray(logits[b]), ref[0, n:], **TOL)
+
+
+def test_decode_steps_reproduce_full_forward(tiny, rng):
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (3, 40))
+    ref = models.reference_logits(params, cfg, tokens)
+    _, kv = models.prefill(params, cfg, tokens[:, :30])
+    cache = models.DecodeCache(cfg, slots=3, capacity=64)
+    for b in range(3):
+        cache.insert(b, kv[:, b])
+    for t in range(30, 40):
+        logits, cache.kv = decode_step_jit(params, cfg, jnp.asarray(tokens[:, t]), cache.kv,
+                                           jnp.asarray(cache.lengths))
+        cache.lengths += 1
+        np.testing.assert_allclose(np.asarray(logits), ref[:, t], **TOL)
+
+
+def test_generate_is_greedy_continuation(tiny, rng):
+    cfg, params = tiny
+    prompt = rng.integers(0, cfg.vocab, (1, 12))
+    out = models.generate(params, cfg, prompt, steps=6)
+    seq = prompt
+    for t in range(6):
+        nxt = models.reference_logits(params, cfg, seq)[0, -1].argmax()
+        assert out[0, t] == nxt
+        seq = np.concatenate([seq, [[nxt]]], axis=1)
+
+
+def test_layerwise_equals_fused(tiny, rng):
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (1, 150))
+    _, prefix = models.prefill(params, cfg, tokens[:, :100])
+    fused_logits, fused_kv = models.prefill(params, cfg, tokens[:, 100:], prefix)
+    lw = models.Layerwise(params, cfg, tokens[:, 100:], prefix_len=[100])
+    kvs = [lw.layer(layer, prefix[layer]) for layer in range(cfg.n_layers)]
+    np.testing.assert_allclose(np.asarray(lw.logits()), np.asarray(fused_logits), **TOL)
+    np.testing.assert_allclose(np.asarray(jnp.stack(kvs)), np.asarray(fused_kv), **TOL)
+
+
+def test_layerwise_rejects_out_of_order_layers(tiny, rng):
+    cfg, params = tiny
+    lw = models.Layerwise(params, cfg, rng.integers(0, cfg.vocab, (1, 8)))
+    with pytest.raises(models.InputError, match="expects layer 0"):
+        lw.layer(1, np.zeros((1, 0, 2, cfg.n_kv_heads, cfg.head_dim), np.float32))
+    with pytest.raises(models.InputError, match="after 0 of 2 layers"):
+        lw.logits()
+
+
+def test_sharded_four_devices_equals_single(tiny, rng):
+    cfg, params = tiny
+    assert len(jax.devices()) >= 4
+    mesh = models.make_mesh(jax.devices()[:4])
+    sharded = models.shard_params(params, cfg, mesh)
+    assert sharded["layers"][0]["wq"].sharding.spec[1] == "tp"  # heads really split
+    tokens = rng.integers(0, cfg.vocab, (2, 50))
+    _, prefix = models.prefill(params, cfg, tokens[:, :30])
+    single = models.prefill(params, cfg, tokens[:, 30:], prefix)
+    multi = models.prefill(sharded, cfg, tokens[:, 30:], prefix)
+    for a, b in zip(single, multi):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+
+
+@pytest.mark.parametrize("name,count", [("llama3.2-1b", 1_235_814_400), ("qwen2.5-0.5b", 494_032_768),
+                                        ("qwen2.5-7b", 7_615_616_512), ("qwen2.5-32b", 32_763_876_352)])
+def test_real_presets_parameter_counts_by_eval_shape(name, count):
+    cfg = models.get_config(name)
+    shapes = jax.eval_shape(lambda: models.init_params(cfg))
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == count == models.param_count(cfg)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(shapes))
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(KeyError, match="tiny"):
+        models.get_config("gpt-5")
+
+
+def test_bad_inputs_get_clear_errors(tiny):
+    cfg, params = tiny
+    with pytest.raises(models.InputError, match="outside the vocabulary"):
+        models.prefill(params, cfg, np.array([[1, cfg.vocab]]))
+    with pytest.raises(models.InputError, match="prefix_kv has shape"):
+        models.prefill(params, cfg, np.array([[1, 2]]), np.zeros((2, 1, 4, 2, 3, 16), np.float32))
+    with pytest.raises(models.InputError, match="dtype"):
+        models.prefill(params, cfg, np.array([[1, 2]]), np.zeros((2, 1, 4, 2, 2, 16), np.int32))
+    with pytest.raises(models.InputError, match="exceeds max_seq_len"):
+        models.prefill(params, cfg, np.zeros((1, cfg.max_seq_len + 1), np.int32))
+    with pytest.raises(models.InputError, match="integer array"):
+        models.prefill(params, cfg, np.zeros((3,), np.float32))
+
+
+def test_costs_are_consistent():
+    cfg = models.get_config("qwen2.5-32b")
+    assert models.kv_bytes_per_token(cfg) == 64 * 2 * 8 * 128 * 2
+    # Linear FLOPs are 2 x the non-embedding params per token (norms and biases aside: < 1e-4).
+    linear = models.prefill_flops(cfg, 1, 0) - 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
+    assert abs(linear / (2 * (models.param_count(cfg) - cfg.vocab * cfg.d_model)) - 1) < 1e-4
+    assert models.prefill_flops(cfg, 100, 1000) > models.prefill_flops(cfg, 100, 0)
+    assert models.decode_flops(cfg, 1000) == models.prefill_flops(cfg, 1, 1000)
