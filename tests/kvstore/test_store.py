@@ -1,0 +1,210 @@
+"""Block store invariants: stable names, bit-exact round trips, miss semantics, capacity, faults."""
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kvstore as kv
+
+LAYOUT = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+
+
+def _blocks(n, layout=LAYOUT, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, *layout.full_shape)).astype(layout.np_dtype)
+
+
+def _chain(n, layout=LAYOUT, offset=0):
+    return kv.block_chain(np.arange(offset, offset + n * layout.block_tokens) % 251, layout)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT) as s:
+        yield s
+
+
+def test_layer_blocks_are_contiguous_slices_of_full_blocks():
+    full = _blocks(1)[0]
+    layers = [full[layer] for layer in range(LAYOUT.n_layers)]
+    assert all(x.flags.c_contiguous and x.shape == LAYOUT.layer_shape for x in layers)
+    np.testing.assert_array_equal(np.stack(layers), full)
+    assert LAYOUT.layer_bytes * LAYOUT.n_layers == LAYOUT.block_bytes == full.nbytes
+
+
+def test_hashes_are_identical_across_processes():
+    code = textwrap.dedent("""
+        import numpy as np, kvstore as kv
+        layout = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+        print(",".join(b.hash for b in kv.block_chain(np.arange(64 * 3) % 251, layout)))
+    """)
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+            for _ in range(2)}
+    assert outs == {",".join(b.hash for b in _chain(3))}
+
+
+def test_hashes_chain_and_depend_on_fingerprint():
+    a, b = _chain(3), kv.block_chain(np.arange(64 * 3) % 251, kv.BlockLayout("tiny", 2, 2, 16, hash_seed=1))
+    assert [x.parent for x in a] == [kv.ROOT, a[0].hash, a[1].hash]
+    assert not {x.hash for x in a} & {x.hash for x in b}
+    assert len(kv.block_chain(np.arange(64 * 3 - 1), LAYOUT)) == 2  # partial trailing block: no id
+    for bad in ("xyz", "A" * 32, 5):
+        with pytest.raises(ValueError, match="malformed block hash"):
+            kv.check_hash(bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_round_trip_is_bit_exact(tmp_path, dtype):
+    layout = kv.BlockLayout("tiny", 2, 2, 16, dtype=dtype)
+    ids, blocks = _chain(4, layout), _blocks(4, layout)
+    with kv.BlockStore("memory://", layout) as s:
+        assert s.put(ids, blocks) == 4
+        got = s.get_prefix([b.hash for b in ids])
+    assert len(got) == 4 and all(g.dtype == layout.np_dtype for g in got)
+    np.testing.assert_array_equal(np.stack(got).view(np.uint16 if dtype == "bfloat16" else np.uint32),
+                                  blocks.view(np.uint16 if dtype == "bfloat16" else np.uint32))
+    assert layout.np_dtype == (np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+
+
+def test_reopen_restores_index_and_put_twice_is_harmless(tmp_path):
+    spec = kv.local_spec(tmp_path / "s")
+    ids, blocks = _chain(3), _blocks(3)
+    with kv.BlockStore(spec, LAYOUT) as s:
+        assert s.put(ids, blocks) == 3 and s.put(ids, blocks) == 0
+    with kv.BlockStore(spec, LAYOUT) as s:
+        assert s.stats()["blocks"] == 3
+        assert s.match_prefix([b.hash for b in ids] + [_chain(1, offset=7)[0].hash]) == 3
+        np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), blocks)
+
+
+def test_fingerprint_mismatch_and_foreign_directory_refuse(tmp_path):
+    spec = kv.local_spec(tmp_path / "s")
+    kv.BlockStore(spec, LAYOUT).close()
+    other = kv.BlockLayout("tiny", 2, 2, 16, block_tokens=32)
+    with pytest.raises(kv.FingerprintMismatch, match=f"{LAYOUT.fingerprint()}.*{other.fingerprint()}"):
+        kv.BlockStore(spec, other)
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("hello")
+    with pytest.raises(kv.StoreError, match="not a dualjax store"):
+        kv.BlockStore(kv.local_spec(tmp_path / "foreign"), LAYOUT)
+
+
+def test_bad_blocks_and_ids_are_rejected(store):
+    ids = _chain(2)
+    with pytest.raises(ValueError, match="Full Blocks"):
+        store.put(ids[:1], np.zeros((1, 2, 64, 2, 2, 8), np.float32))
+    with pytest.raises(ValueError, match="Full Blocks"):
+        store.put(ids[:1], np.zeros((1, *LAYOUT.full_shape), np.float16))
+    forged = kv.BlockId(ids[1].hash, kv.ROOT, ids[1].tokens)
+    with pytest.raises(ValueError, match="does not match"):
+        store.put([forged], _blocks(1))
+    with pytest.raises(ValueError, match="malformed"):
+        store.get(["../../etc/passwd"])
+
+
+def _chunk_file(tmp_path, store, h):
+    slot = store._slot_of(h)
+    return glob.glob(str(tmp_path / "store" / "data" / f"{slot}.*"))[0]
+
+
+@pytest.mark.parametrize("fault", ["flip", "truncate", "delete", "delete-entry", "bad-entry"])
+def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, store, fault):
+    ids, blocks = _chain(5), _blocks(5)
+    store.put(ids, blocks)
+    victim = ids[2].hash
+    path = _chunk_file(tmp_path, store, victim)
+    entry = str(tmp_path / "store" / "index" / victim)
+    if fault == "flip":
+        raw = bytearray(open(path, "rb").read())
+        raw[len(raw) // 2] ^= 0x10
+        open(path, "wb").write(bytes(raw))
+    elif fault == "truncate":
+        os.truncate(path, os.path.getsize(path) // 2)
+    elif fault == "delete":
+        os.remove(path)
+    elif fault == "delete-entry":
+        os.remove(entry)
+    else:
+        open(entry, "wb").write(b"DJIX1" + b"\0" * 20)
+    fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)  # no cached entries
+    got = fresh.get_prefix([b.hash for b in ids])
+    assert len(got) == 2
+    np.testing.assert_array_equal(np.stack(got), blocks[:2])
+    fresh.close()
+
+
+def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
+    ids, blocks = _chain(4), _blocks(4)
+    store.put(ids[:2], blocks[:2])
+    # Make the next chunk's file name a directory, so the real file write fails (EISDIR).
+    slot = (store._writer << 24) | store._counter
+    os.makedirs(tmp_path / "store" / "data" / (f"{slot}" + ".0" * 5))
+    with pytest.raises(kv.StoreError, match="writing 2 blocks failed"):
+        store.put(ids[2:], blocks[2:])
+    fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)
+    assert fresh.match_prefix([b.hash for b in ids]) == 2
+    np.testing.assert_array_equal(np.stack(fresh.get_prefix([b.hash for b in ids])), blocks[:2])
+    fresh.close()
+
+
+def test_lru_eviction_respects_budget_and_pins():
+    ids, blocks = _chain(6), _blocks(6)
+    with kv.BlockStore("memory://", LAYOUT, capacity_bytes=3 * LAYOUT.block_bytes) as s:
+        s.put(ids[:3], blocks[:3])
+        s.get_prefix([ids[0].hash])  # ids[0] is now most recently used
+        s.put(ids[3:4], blocks[3:4])
+        assert [s.contains(b.hash) for b in ids[:4]] == [True, False, True, True]
+        with s.pinned([ids[2].hash]):  # least recently used now, but pinned: ids[0] goes instead
+            s.put(ids[4:5], blocks[4:5])
+            assert [s.contains(b.hash) for b in ids[:5]] == [False, False, True, True, True]
+        assert s.stats()["bytes"] <= 3 * LAYOUT.block_bytes
+    with pytest.raises(kv.StoreError, match="smaller than one block"):
+        kv.BlockStore("memory://", LAYOUT, capacity_bytes=100)
+
+
+def test_two_processes_write_one_directory_at_once(tmp_path):
+    spec = kv.local_spec(tmp_path / "s")
+    kv.BlockStore(spec, LAYOUT).close()
+    code = textwrap.dedent(f"""
+        import numpy as np, kvstore as kv, sys
+        layout = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+        off = int(sys.argv[1])
+        ids = kv.block_chain((np.arange(64 * 20) + off) % 251, layout)
+        blocks = np.random.default_rng(off).standard_normal((20, *layout.full_shape)).astype(np.float32)
+        with kv.BlockStore({spec!r}, layout) as s:
+            for i in range(20):
+                s.put(ids[i:i + 1], blocks[i:i + 1])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(off)]) for off in (0, 100)]
+    assert all(p.wait() == 0 for p in procs)
+    with kv.BlockStore(spec, LAYOUT) as s:
+        for off in (0, 100):
+            ids = kv.block_chain((np.arange(64 * 20) + off) % 251, LAYOUT)
+            want = np.random.default_rng(off).standard_normal((20, *LAYOUT.full_shape)).astype(np.float32)
+            np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), want)
+
+
+def test_concurrent_readers_and_writer_in_one_process(store):
+    ids, blocks = _chain(30), _blocks(30)
+    errors = []
+
+    def reader():
+        for _ in range(20):
+            got = store.get_prefix([b.hash for b in ids])
+            if any(not np.array_equal(g, w) for g, w in zip(got, blocks)):
+                errors.append("wrong bytes")
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for i in range(30):
+        store.put(ids[i:i + 1], blocks[i:i + 1])
+    for t in threads:
+        t.join()
+    assert not errors
