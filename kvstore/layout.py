@@ -9,6 +9,7 @@ bytes or name; a store refuses to open under another fingerprint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 
@@ -58,8 +59,7 @@ class BlockLayout:
 
     def fingerprint(self) -> str:
         """32 hex digits over every field (stable across processes, runs and machines)."""
-        canon = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(canon).hexdigest()[:32]
+        return _fingerprint(self)
 
     def check_block(self, block: np.ndarray, what: str = "block") -> None:
         """Raise ValueError unless `block` is one Full Block of this layout."""
@@ -73,3 +73,9 @@ class BlockLayout:
     @classmethod
     def from_json(cls, d: dict) -> "BlockLayout":
         return cls(**d)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(layout: BlockLayout) -> str:
+    canon = json.dumps(dataclasses.asdict(layout), sort_keys=True).encode()
+    return hashlib.sha256(canon).hexdigest()[:32]

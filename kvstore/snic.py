@@ -26,6 +26,7 @@ class _Request:
     hashes: list[str]
     tokens: int
     future: concurrent.futures.Future
+    out: np.ndarray
 
 
 class StorageNIC:
@@ -48,7 +49,12 @@ class StorageNIC:
         self._thread = threading.Thread(target=self._run, name=f"snic-{name}", daemon=True)
         self._thread.start()
 
-    def read(self, store: BlockStore, hashes: list[str], tokens_per_block: int | None = None):
+    def read(self, store: BlockStore, hashes: list[str], tokens_per_block: int | None = None,
+             out: np.ndarray | None = None) -> concurrent.futures.Future:
+        """Queue a read of `hashes` (into `out` [n, L, T, 2, K, H] when given); the future resolves
+        to the leading run of readable blocks (views into `out`)."""
+        if out is None:
+            out = np.empty((len(hashes), *store.layout.full_shape), store.layout.np_dtype)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
         with self._lock:
@@ -56,7 +62,7 @@ class StorageNIC:
                 self._busy_since = self.clock()
             self._q_bytes += len(hashes) * store.layout.block_bytes
             self._q_tokens += tokens
-        self._queue.put(_Request(store, list(hashes), tokens, fut))
+        self._queue.put(_Request(store, list(hashes), tokens, fut, out))
         return fut
 
     def read_queue(self) -> tuple[int, int]:
@@ -82,11 +88,11 @@ class StorageNIC:
             blocks: list[np.ndarray] = []
             ok = True
             try:
-                for h in req.hashes:
+                for i, h in enumerate(req.hashes):
                     if self.cap:
                         next_t = max(next_t, self.clock()) + block_bytes / self.cap
                         time.sleep(max(0.0, next_t - self.clock() - block_bytes / self.cap))
-                    inflight.append(req.store.get([h])[0])
+                    inflight.append(req.store.get([h], req.out[i:i + 1])[0])
                     while len(inflight) >= self.window or (inflight and inflight[0].done()):
                         ok = self._collect(inflight.popleft(), ok, blocks, block_bytes, per_tok)
                 while inflight:

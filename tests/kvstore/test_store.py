@@ -109,7 +109,7 @@ def test_bad_blocks_and_ids_are_rejected(store):
 
 
 def _chunk_file(tmp_path, store, h):
-    slot = store._slot_of(h)
+    slot = store._slots([h])[0][0]
     return glob.glob(str(tmp_path / "store" / "data" / f"{slot}.*"))[0]
 
 
@@ -131,7 +131,7 @@ def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, st
     elif fault == "delete-entry":
         os.remove(entry)
     else:
-        open(entry, "wb").write(b"DJIX1" + b"\0" * 20)
+        open(entry, "wb").write(b"DJIX2" + b"\0" * 20)
     fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)  # no cached entries
     got = fresh.get_prefix([b.hash for b in ids])
     assert len(got) == 2
