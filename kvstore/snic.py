@@ -1,17 +1,18 @@
 """Per-host storage NIC model: the read queue the scheduler balances, an optional bandwidth cap.
 
 On one machine every emulated host shares one disk, so per-host storage bandwidth does not exist
-physically (DESIGN.md §5). A `StorageNIC` serialises a host's block reads FIFO, paces them to
-`cap_bytes_per_s` when set (a leaky bucket with a one-block burst), and counts what it carried.
+physically (DESIGN.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
+`cap_bytes_per_s` when set (a leaky bucket with a one-piece burst), and counts what it carried.
 Reads really come from the store; only the per-host bandwidth limit is emulated.
+
+A read fetches the Full Blocks of one request into a host buffer, either block-major or
+**layer-major** (layer 0 of every block, then layer 1, ...): the same bytes, but layerwise
+prefill can start computing layer l as soon as `ticket.wait_layer(l)` returns.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import dataclasses
-import queue
 import threading
 import time
 
@@ -20,101 +21,173 @@ import numpy as np
 from kvstore.store import BlockStore
 
 
-@dataclasses.dataclass
-class _Request:
-    store: BlockStore
-    hashes: list[str]
-    tokens: int
-    future: concurrent.futures.Future
-    out: np.ndarray
+class ReadTicket:
+    """Progress of one queued read. `valid` = leading blocks read and checked so far: a bad
+    piece makes its block and every later block a miss (they are then not read at all)."""
+
+    def __init__(self, store: BlockStore, hashes: list[str], out: np.ndarray, layer_major: bool, tokens: int):
+        self.store, self.hashes, self.out, self.layer_major, self.tokens = store, list(hashes), out, layer_major, tokens
+        self.valid = len(hashes)
+        self.layers_done = 0
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.t_submit = time.monotonic()
+        self.t_done: float | None = None
+
+    def _pieces(self):
+        """(block index, layers) in read order."""
+        L = self.store.layout.n_layers
+        if self.layer_major:
+            return [(b, range(layer, layer + 1)) for layer in range(L) for b in range(len(self.hashes))]
+        return [(b, range(L)) for b in range(len(self.hashes))]
+
+    def wait_layer(self, layer: int, timeout: float | None = None) -> int:
+        """Block until `layer` of every still-valid block is in `out`; returns `valid` then."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.layers_done > layer or self.error, timeout):
+                raise TimeoutError(f"storage read of layer {layer} did not finish in {timeout} s")
+            if self.error:
+                raise self.error
+            return self.valid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the whole read is done; returns the number of leading valid blocks."""
+        return self.wait_layer(self.store.layout.n_layers - 1, timeout)
+
+    def _advance(self, layers_done: int, valid: int) -> None:
+        with self._cond:
+            self.layers_done, self.valid = max(self.layers_done, layers_done), min(self.valid, valid)
+            if self.layers_done >= self.store.layout.n_layers:
+                self.t_done = time.monotonic()
+            self._cond.notify_all()
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cond:
+            self.error = e
+            self._cond.notify_all()
 
 
 class StorageNIC:
-    """A host's storage read path. `read(store, hashes)` returns a future of the leading run of
-    readable Full Blocks (a bad block ends the run). `read_queue()` is (bytes, tokens) still to
-    be read, counted from submission to completion."""
+    """A host's storage read path. `read(...)` queues a request and returns its `ReadTicket`;
+    `read_queue()` is (bytes, tokens) not yet read, counted from submission to completion."""
 
     def __init__(self, name: str, cap_bytes_per_s: float | None = None, window: int = 8, clock=time.monotonic):
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
         self.name, self.cap, self.window, self.clock = name, cap_bytes_per_s, window, clock
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._lock = threading.Lock()
+        self._pending: collections.deque[ReadTicket | None] = collections.deque()
+        self._cond = threading.Condition()
         self._q_bytes = self._q_tokens = 0
         self._busy_since: float | None = None
         self.busy_s = 0.0
         self.counters = collections.Counter()
-        self.series: list[tuple[float, int]] = []  # (time, cumulative bytes read) per block
         self._t0 = clock()
+        self.series: list[tuple[float, int]] = []  # (seconds since start, cumulative bytes read)
         self._thread = threading.Thread(target=self._run, name=f"snic-{name}", daemon=True)
         self._thread.start()
 
-    def read(self, store: BlockStore, hashes: list[str], tokens_per_block: int | None = None,
-             out: np.ndarray | None = None) -> concurrent.futures.Future:
-        """Queue a read of `hashes` (into `out` [n, L, T, 2, K, H] when given); the future resolves
-        to the leading run of readable blocks (views into `out`)."""
+    def read(self, store: BlockStore, hashes: list[str], out: np.ndarray | None = None, layer_major: bool = False,
+             tokens_per_block: int | None = None) -> ReadTicket:
+        """Queue a read of `hashes` into `out` [n, L, T, 2, K, H] (allocated when None)."""
         if out is None:
             out = np.empty((len(hashes), *store.layout.full_shape), store.layout.np_dtype)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
-        with self._lock:
-            if self._q_bytes == 0 and self._busy_since is None:
+        ticket = ReadTicket(store, hashes, out, layer_major, len(hashes) * (tokens_per_block or store.layout.block_tokens))
+        with self._cond:
+            if self._busy_since is None:
                 self._busy_since = self.clock()
             self._q_bytes += len(hashes) * store.layout.block_bytes
-            self._q_tokens += tokens
-        self._queue.put(_Request(store, list(hashes), tokens, fut, out))
-        return fut
+            self._q_tokens += ticket.tokens
+            self._pending.append(ticket)
+            self._cond.notify()
+        if not hashes:
+            ticket._advance(store.layout.n_layers, 0)
+        return ticket
 
     def read_queue(self) -> tuple[int, int]:
-        with self._lock:
-            return self._q_bytes, self._q_tokens
+        with self._cond:
+            return self._q_bytes, int(round(self._q_tokens))
 
-    def _done(self, nbytes: int, ntokens: int, read_bytes: int) -> None:
-        with self._lock:
+    def _account(self, nbytes: int, ntokens: float, read_bytes: int) -> None:
+        with self._cond:
             self._q_bytes -= nbytes
             self._q_tokens -= ntokens
             self.counters["bytes_read"] += read_bytes
-            self.counters["blocks_read"] += read_bytes > 0
             self.series.append((self.clock() - self._t0, self.counters["bytes_read"]))
-            if self._q_bytes == 0 and self._busy_since is not None:
+            if not self._pending and self._q_bytes <= 0 and self._busy_since is not None:
+                self._q_bytes, self._q_tokens = 0, 0
                 self.busy_s += self.clock() - self._busy_since
                 self._busy_since = None
 
     def _run(self) -> None:
-        next_t = self.clock()
-        while (req := self._queue.get()) is not None:
-            block_bytes, per_tok = req.store.layout.block_bytes, req.tokens // max(len(req.hashes), 1)
-            inflight: collections.deque = collections.deque()
-            blocks: list[np.ndarray] = []
-            ok = True
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending)
+                ticket = self._pending[0]
+            if ticket is None:
+                return
             try:
-                for i, h in enumerate(req.hashes):
-                    if self.cap:
-                        next_t = max(next_t, self.clock()) + block_bytes / self.cap
-                        time.sleep(max(0.0, next_t - self.clock() - block_bytes / self.cap))
-                    inflight.append(req.store.get([h], req.out[i:i + 1])[0])
-                    while len(inflight) >= self.window or (inflight and inflight[0].done()):
-                        ok = self._collect(inflight.popleft(), ok, blocks, block_bytes, per_tok)
-                while inflight:
-                    ok = self._collect(inflight.popleft(), ok, blocks, block_bytes, per_tok)
-                req.future.set_result(blocks)
-            except Exception as e:  # noqa: BLE001 - handed to the caller through its future
-                req.future.set_exception(e)
+                self._serve(ticket)
+            except Exception as e:  # noqa: BLE001 - handed to the reader through its ticket
+                ticket._fail(e)
+            with self._cond:
+                self._pending.popleft()
+            self._account(0, 0, 0)
 
-    def _collect(self, fut, ok: bool, blocks: list, block_bytes: int, per_tok: int) -> bool:
-        block = fut.result()
-        ok = ok and block is not None
-        if ok:
-            blocks.append(block)
-        self._done(block_bytes, per_tok, block_bytes if block is not None else 0)
-        return ok
+    def _serve(self, t: ReadTicket) -> None:
+        layout, n = t.store.layout, len(t.hashes)
+        pieces = t._pieces()
+        next_t = self.clock()
+        inflight: collections.deque = collections.deque()
+        valid, done_per_layer = n, collections.Counter()
+
+        def collect():
+            nonlocal valid
+            b, layers, read = inflight.popleft()
+            ok = read.result() is not None
+            piece_bytes = layout.layer_bytes * len(layers)
+            self._account(piece_bytes, t.tokens / n * len(layers) / layout.n_layers, piece_bytes if ok else 0)
+            if not ok:
+                valid = min(valid, b)
+            for layer in layers:
+                done_per_layer[layer] += 1
+            complete = 0
+            while complete < layout.n_layers and done_per_layer[complete] == n:
+                complete += 1
+            t._advance(complete, valid)
+
+        for b, layers in pieces:
+            if b >= valid:  # a miss already: skip the read, still account for it
+                inflight.append((b, layers, _Skipped()))
+            else:
+                if self.cap:
+                    cost = layout.layer_bytes * len(layers) / self.cap
+                    next_t = max(next_t, self.clock()) + cost
+                    time.sleep(max(0.0, next_t - cost - self.clock()))
+                inflight.append((b, layers, t.store.get([t.hashes[b]], t.out[b:b + 1], layers=layers)[0]))
+            while len(inflight) >= self.window or (inflight and inflight[0][2].done()):
+                collect()
+        while inflight:
+            collect()
+        t._advance(layout.n_layers, valid)
 
     def stats(self) -> dict:
-        with self._lock:
+        with self._cond:
             busy = self.busy_s + (self.clock() - self._busy_since if self._busy_since is not None else 0.0)
             return {"name": self.name, "cap_bytes_per_s": self.cap, "busy_s": busy,
                     "elapsed_s": self.clock() - self._t0, **self.counters}
 
     def close(self) -> None:
-        self._queue.put(None)
+        with self._cond:
+            self._pending.append(None)
+            self._cond.notify()
         self._thread.join()
+
+
+class _Skipped:
+    """Stands in for the read of a piece that is already known to be a miss."""
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return None

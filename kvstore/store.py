@@ -4,12 +4,14 @@ On-disk format, under one TensorStore kvstore (a local directory by default, `me
 tests, any TensorStore kvstore by changing the spec):
 
 * `dualjax_store.json`: format, layout and fingerprint (a store refuses another fingerprint);
-* `data/`: a zarr3 array `[slots, L, T, 2, K, H]`, one chunk (one file) per block, read by
-  TensorStore straight into the caller's host buffer;
-* `index/<hash>`: a small entry (slot, XXH3-64 checksum of the block's bytes, parent hash,
-  token ids) written *after* the data: a block becomes visible only once completely written. A
-  read checks the bytes against the checksum and re-hashes (parent, tokens), which must give
-  the key back. (XXH3 runs at ~25 GB/s here; zarr3's crc32c codec halved read throughput.)
+* `data/`: a zarr3 array `[slots, L, T, 2, K, H]`, one shard (one file) per Full Block whose
+  inner chunks are its Layer Blocks, so a read can fetch whole blocks or only some layers
+  (layer-major loading for layerwise prefill) as byte ranges; TensorStore reads straight into
+  the caller's host buffer;
+* `index/<hash>`: a small entry (slot, one XXH3-64 checksum per Layer Block, parent hash, token
+  ids) written *after* the data: a block becomes visible only once completely written. A read
+  checks each Layer Block it fetched against its checksum and re-hashes (parent, tokens), which
+  must give the key back. (XXH3 runs at ~25 GB/s here; zarr3's crc32c codec halved reads.)
 
 Slots are `writer_id << 24 | counter` with a random writer id per open store, so processes
 writing one directory never collide and need no coordination (nor file locks: every chunk key
@@ -37,8 +39,8 @@ from kvstore.layout import BlockLayout
 log = logging.getLogger(__name__)
 
 MANIFEST = "dualjax_store.json"
-_ENTRY_MAGIC = b"DJIX2"
-_ENTRY_HEAD = struct.Struct("<5sqQ16s")  # magic, slot, xxh3-64 of the block, parent hash
+_ENTRY_MAGIC = b"DJIX3"
+_ENTRY_HEAD = struct.Struct("<5sq16s")  # magic, slot, parent hash; then L xxh3-64 (<u8), T token ids (<i4)
 _SLOT_BITS = 24
 
 
@@ -51,10 +53,17 @@ class FingerprintMismatch(StoreError):
 
 
 def _zarr_metadata(layout: BlockLayout) -> dict:
+    raw = {"name": "bytes", "configuration": {"endian": "little"}}
+    shard = {"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [1, 1, *layout.layer_shape], "codecs": [raw], "index_location": "start",
+        "index_codecs": [raw, {"name": "crc32c"}]}}
     return {"shape": [1 << 54, *layout.full_shape], "data_type": layout.dtype,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, *layout.full_shape]}},
-            "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}},
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}
+            "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
+
+
+def _layer_sums(block: np.ndarray) -> np.ndarray:
+    return np.array([xxhash.xxh3_64_intdigest(layer) for layer in block], "<u8")
 
 
 def _sub(spec: dict, path: str) -> dict:
@@ -93,7 +102,7 @@ class BlockStore:
                               "store_data_equal_to_fill_value": True, "metadata": _zarr_metadata(layout)}, create=True, open=True,
                              context=self.context).result()
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[int, int]] = {}  # hash -> (slot, checksum) of entries seen here
+        self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) seen here
         self._lru: collections.OrderedDict[str, None] = collections.OrderedDict(
             (k.decode(), None) for k in self.index_kv.list().result())
         self._pins: collections.Counter[str] = collections.Counter()
@@ -153,7 +162,7 @@ class BlockStore:
         try:
             for f in [self.array[slot].write(block) for _, block, slot in todo]:
                 f.result()
-            entries = {bid.hash: (slot, xxhash.xxh3_64_intdigest(block)) for bid, block, slot in todo}
+            entries = {bid.hash: (slot, _layer_sums(block)) for bid, block, slot in todo}
             for f in [self.index_kv.write(bid.hash, self._entry(bid, *entries[bid.hash])) for bid, _, _ in todo]:
                 f.result()
         except ValueError as e:
@@ -166,8 +175,8 @@ class BlockStore:
         self.counters["bytes_written"] += len(todo) * self.layout.block_bytes
         return len(todo)
 
-    def _entry(self, bid: BlockId, slot: int, checksum: int) -> bytes:
-        return _ENTRY_HEAD.pack(_ENTRY_MAGIC, slot, checksum, bytes.fromhex(bid.parent)) + \
+    def _entry(self, bid: BlockId, slot: int, sums: np.ndarray) -> bytes:
+        return _ENTRY_HEAD.pack(_ENTRY_MAGIC, slot, bytes.fromhex(bid.parent)) + sums.tobytes() + \
             np.asarray(bid.tokens, "<i4").tobytes()
 
     # -- reading -------------------------------------------------------------------------------
@@ -189,19 +198,20 @@ class BlockStore:
                 return i
         return len(hashes)
 
-    def _parse_entry(self, h: str, got) -> tuple[int, int] | None:
-        """(slot, checksum) of a verified index entry, or None (missing or malformed entry)."""
-        raw, T = got.value, self.layout.block_tokens
-        if got.state != "value" or len(raw) != _ENTRY_HEAD.size + 4 * T or not raw.startswith(_ENTRY_MAGIC):
+    def _parse_entry(self, h: str, got) -> tuple[int, np.ndarray] | None:
+        """(slot, layer checksums) of a verified index entry, or None (missing or malformed)."""
+        raw, L, T, head = got.value, self.layout.n_layers, self.layout.block_tokens, _ENTRY_HEAD.size
+        if got.state != "value" or len(raw) != head + 8 * L + 4 * T or not raw.startswith(_ENTRY_MAGIC):
             return None
-        _, slot, checksum, parent = _ENTRY_HEAD.unpack_from(raw)
-        if hash_block(parent.hex(), np.frombuffer(raw[_ENTRY_HEAD.size:], "<i4"), self.layout) != h:
+        _, slot, parent = _ENTRY_HEAD.unpack_from(raw)
+        if hash_block(parent.hex(), np.frombuffer(raw[head + 8 * L:], "<i4"), self.layout) != h:
             return None
+        entry = (slot, np.frombuffer(raw[head:head + 8 * L], "<u8"))
         with self._lock:
-            self._entries[h] = (slot, checksum)
-        return slot, checksum
+            self._entries[h] = entry
+        return entry
 
-    def _slots(self, hashes: list[str]) -> list[tuple[int, int] | None]:
+    def _slots(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
         with self._lock:
             known = [self._entries.get(h) for h in hashes]
         pending = {h: self.index_kv.read(h) for h, s in zip(hashes, known) if s is None}
@@ -230,24 +240,25 @@ class BlockStore:
             if self._pins[h] <= 0:
                 del self._pins[h]
 
-    def get(self, hashes: list[str], out: np.ndarray | None = None) -> list["BlockRead"]:
+    def get(self, hashes: list[str], out: np.ndarray | None = None, layers: range | None = None) -> list["BlockRead"]:
         """Start reading blocks into `out` [n, L, T, 2, K, H] (allocated when None); TensorStore
-        copies each block straight into its row. Returns one `BlockRead` per hash, whose
-        `result()` is that row, verified, or None (missing, corrupt or truncated). Blocks being
-        read are pinned against eviction until their read completes."""
+        copies each block (or only `layers` of it) straight into its row. Returns one
+        `BlockRead` per hash, whose `result()` is that row, checked, or None (missing, corrupt or
+        truncated). Blocks being read are pinned against eviction until `result()`."""
         for h in hashes:
             check_hash(h)
+        layers = range(self.layout.n_layers) if layers is None else layers
         if out is None:
             out = np.empty((len(hashes), *self.layout.full_shape), self.layout.np_dtype)
         elif out.shape != (len(hashes), *self.layout.full_shape) or out.dtype != self.layout.np_dtype:
             raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected "
                              f"{(len(hashes), *self.layout.full_shape)} {self.layout.dtype}")
         self._pin(hashes)
-        dst = ts.array(out, copy=False)
+        dst, sel = ts.array(out, copy=False), slice(layers.start, layers.stop)
         reads = []
         for i, (h, entry) in enumerate(zip(hashes, self._slots(hashes))):
-            fut = None if entry is None else dst[i].write(self.array[entry[0]])
-            reads.append(BlockRead(self, h, out[i], fut, entry[1] if entry else 0))
+            fut = None if entry is None else dst[i, sel].write(self.array[entry[0], sel])
+            reads.append(BlockRead(self, h, out[i], fut, layers, entry[1] if entry else None))
         return reads
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
@@ -305,8 +316,8 @@ class BlockRead:
     garbage-collected); no Python callback runs on TensorStore's threads.
     """
 
-    def __init__(self, store: BlockStore, h: str, row: np.ndarray, fut, checksum: int):
-        self.store, self.hash, self.row, self.fut, self.checksum = store, h, row, fut, checksum
+    def __init__(self, store: BlockStore, h: str, row: np.ndarray, fut, layers: range, sums: np.ndarray | None):
+        self.store, self.hash, self.row, self.fut, self.layers, self.sums = store, h, row, fut, layers, sums
         self._outcome: np.ndarray | None | bool = False  # False: not collected yet
 
     def done(self) -> bool:
@@ -337,10 +348,11 @@ class BlockRead:
             self.fut.result()
         except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
             return self._bad(str(e).splitlines()[0][:200])
-        if xxhash.xxh3_64_intdigest(self.row) != self.checksum:
-            return self._bad("checksum mismatch")
-        self.store.counters["blocks_read"] += 1
-        self.store.counters["bytes_read"] += self.row.nbytes
+        for layer in self.layers:
+            if xxhash.xxh3_64_intdigest(self.row[layer]) != self.sums[layer]:
+                return self._bad(f"checksum mismatch in layer {layer}")
+        self.store.counters["layer_blocks_read"] += len(self.layers)
+        self.store.counters["bytes_read"] += self.row[0].nbytes * len(self.layers)
         return self.row
 
 

@@ -1,4 +1,5 @@
-"""Storage NIC model: FIFO read queue accounting, bandwidth cap accuracy, miss semantics."""
+"""Storage NIC model: FIFO read queue accounting, bandwidth cap accuracy, layer-major progress,
+miss semantics."""
 
 import time
 
@@ -18,20 +19,37 @@ def filled():
     s.close()
 
 
-def test_cap_is_met_within_five_percent(filled):
-    store, ids, _ = filled
+@pytest.mark.parametrize("layer_major", [False, True])
+def test_cap_is_met_within_five_percent(filled, layer_major):
+    store, ids, blocks = filled
     cap = 40 * LAYOUT.block_bytes  # 40 blocks/s
     nic = kv.StorageNIC("h0", cap_bytes_per_s=cap)
     hashes = [b.hash for b in ids] * 3
     t0 = time.perf_counter()
-    got = nic.read(store, hashes).result()
+    ticket = nic.read(store, hashes, layer_major=layer_major)
+    assert ticket.wait() == 60
     elapsed = time.perf_counter() - t0
     nic.close()
-    assert len(got) == 60
-    measured = (len(hashes) - 1) * LAYOUT.block_bytes / elapsed  # the first block goes at once
+    np.testing.assert_array_equal(ticket.out, np.concatenate([blocks] * 3))
+    piece = LAYOUT.layer_bytes if layer_major else LAYOUT.block_bytes
+    measured = (60 * LAYOUT.block_bytes - piece) / elapsed  # the first piece goes at once
     assert abs(measured / cap - 1) < 0.05, measured / cap
     assert nic.stats()["bytes_read"] == 60 * LAYOUT.block_bytes
     assert nic.stats()["busy_s"] == pytest.approx(elapsed, rel=0.1)
+
+
+def test_layer_major_read_makes_layer_zero_ready_early(filled):
+    store, ids, blocks = filled
+    nic = kv.StorageNIC("h3", cap_bytes_per_s=50 * LAYOUT.block_bytes)
+    t0 = time.perf_counter()
+    ticket = nic.read(store, [b.hash for b in ids], layer_major=True)
+    assert ticket.wait_layer(0) == 20
+    t_layer0 = time.perf_counter() - t0
+    np.testing.assert_array_equal(ticket.out[:, 0], blocks[:, 0])
+    ticket.wait()
+    t_all = time.perf_counter() - t0
+    nic.close()
+    assert t_layer0 < 0.6 * t_all  # two layers: layer 0 lands at about half the time
 
 
 def test_read_queue_counts_outstanding_bytes_and_tokens(filled):
@@ -42,18 +60,20 @@ def test_read_queue_counts_outstanding_bytes_and_tokens(filled):
     q_bytes, q_tokens = nic.read_queue()
     assert 10 * LAYOUT.block_bytes < q_bytes <= 14 * LAYOUT.block_bytes
     assert q_tokens == q_bytes // LAYOUT.block_bytes * LAYOUT.block_tokens
-    np.testing.assert_array_equal(np.stack(first.result()), blocks[:10])
-    second.result()
+    assert first.wait() == 10
+    np.testing.assert_array_equal(first.out, blocks[:10])
+    second.wait()
     assert nic.read_queue() == (0, 0)
     nic.close()
 
 
-def test_missing_block_ends_the_run(filled):
+@pytest.mark.parametrize("layer_major", [False, True])
+def test_missing_block_ends_the_run(filled, layer_major):
     store, ids, _ = filled
     nic = kv.StorageNIC("h2")
     absent = _chain(1, offset=999)[0].hash
-    got = nic.read(store, [ids[0].hash, ids[1].hash, absent, ids[3].hash]).result()
-    assert len(got) == 2 and nic.read_queue() == (0, 0)
+    ticket = nic.read(store, [ids[0].hash, ids[1].hash, absent, ids[3].hash], layer_major=layer_major)
+    assert ticket.wait() == 2 and nic.read_queue() == (0, 0)
     nic.close()
     with pytest.raises(ValueError, match="positive"):
         kv.StorageNIC("bad", cap_bytes_per_s=0)
