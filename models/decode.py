@@ -7,13 +7,22 @@ other requests share the batch (this is what lets the runtime promise bit-identi
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
 from models.model import decode_step_jit, greedy
 from models.params import Params
-from models.prefill import InputError, check_tokens, prefill
+from models.prefill import DEFAULT_BUCKETS, InputError, check_tokens, prefill
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _insert_jit(cache, kv, slot):
+    """cache [L, B, C, 2, K, H] with kv [L, S, 2, K, H] written at (slot, 0); donates `cache`."""
+    return jax.lax.dynamic_update_slice(cache, kv[:, None], (0, slot, 0, 0, 0, 0))
 
 
 class DecodeCache:
@@ -28,11 +37,17 @@ class DecodeCache:
         self.lengths = np.zeros(slots, np.int32)
 
     def insert(self, slot: int, kv) -> None:
-        """Place one sequence's KV [L, S, 2, K, H] into `slot` (replacing what was there)."""
+        """Place one sequence's KV [L, S, 2, K, H] into `slot` (replacing what was there).
+
+        S is padded to a bucket (powers of two) so inserts compile a handful of programs; the
+        padding lies past the slot's length and is never attended to.
+        """
         S = kv.shape[1]
         if S >= self.capacity:
             raise InputError(f"sequence of {S} tokens does not fit decode capacity {self.capacity}")
-        self.kv = self.kv.at[:, slot, :S].set(jnp.asarray(kv, self.kv.dtype))
+        padded = min(self.capacity, DEFAULT_BUCKETS.prefix(S))
+        kv = np.pad(np.asarray(kv), [(0, 0), (0, padded - S)] + [(0, 0)] * 3)
+        self.kv = _insert_jit(self.kv, jnp.asarray(kv, self.kv.dtype), slot)
         self.lengths[slot] = S
 
     def row(self, slot: int, start: int, stop: int):

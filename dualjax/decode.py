@@ -1,0 +1,194 @@
+"""The decode host (DE): holds prompt KV in its DE buffer, decodes, writes full blocks back.
+
+Per request: reserve DE buffer room (FIFO; a request that does not fit waits) and tell the PE;
+on the DE read path also read the hit blocks through this host's storage NIC and relay them to
+the PE layer by layer (once the PE has room). Layer KV from the PE is merged into the buffer.
+When prefill is done the prompt KV moves into a decode slot; all slots decode together (fixed
+shapes, so a request's tokens do not depend on its neighbours); every block that fills (prompt
+or generated tokens) is written to the store by a writer thread, and `Complete` goes to rank 0
+only after the request's blocks are in the store, so its next turn can hit them.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+
+import numpy as np
+
+from dualjax.buffers import HostBuffer, RequestKV
+from dualjax.host import Host
+from dualjax.messages import Assign, Complete, LayerKV, PrefillDone, Ready
+from dualjax.workload import get_workload, max_context
+from kvstore import block_chain
+from models import DecodeCache
+from models.prefill import DEFAULT_BUCKETS
+
+
+class _Live:
+    """A request on this DE, from admission to completion."""
+
+    def __init__(self, a: Assign, rkv: RequestKV, nbytes: int):
+        self.a, self.rkv, self.nbytes = a, rkv, nbytes
+        self.prefill: PrefillDone | None = None
+        self.tokens: list[int] = []
+        self.token_times: list[float] = []
+        self.times: dict = {}
+        self.ids = block_chain(a.request.tokens, rkv.layout)
+
+
+class DecodeHost(Host):
+    role = "decode"
+
+    def __init__(self, transport, cfg, params=None):
+        super().__init__(transport, cfg, params)
+        self.buffer = HostBuffer("DE", int(cfg.de_buffer_mb * 2**20))
+        self.buffer.check_fits(self.layout.block_bytes)
+        spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
+        capacity = DEFAULT_BUCKETS.prefix(max_context(spec, self.model_cfg.vocab, cfg.workload_seed) + 1)
+        self.cache = DecodeCache(self.model_cfg, cfg.decode_slots, min(capacity, self.model_cfg.max_seq_len))
+        self.live: dict[int, _Live] = {}
+        self.pe_ready: dict[int, threading.Event] = collections.defaultdict(threading.Event)  # may precede admission
+        self.admit_q: queue.Queue = queue.Queue()
+        self.ready_q: collections.deque[_Live] = collections.deque()
+        self.write_q: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.busy_s = 0.0
+        self.steps = 0
+        self.spawn(self._admit_loop, name="admit")
+        self.spawn(self._decode_loop, name="decode")
+        self.spawn(self._write_loop, name="writer")
+
+    def handle(self, src, msg) -> None:
+        if isinstance(msg, Assign):
+            self.admit_q.put(msg)
+        elif isinstance(msg, LayerKV):
+            self.live[msg.request_id].rkv.write(msg.layer, msg.start, msg.kv)
+        elif isinstance(msg, Ready):
+            self.pe_ready[msg.request_id].set()
+        elif isinstance(msg, PrefillDone):
+            live = self.live[msg.request_id]
+            live.prefill = msg
+            live.times.update(msg.times, first_token=time.time())
+            with self.lock:
+                self.ready_q.append(live)
+            self.wake.set()
+        else:
+            raise TypeError(f"decode host got unexpected {type(msg).__name__} from rank {src}")
+
+    # -- admission and the DE read path -----------------------------------------------------------
+    def _admit_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                a: Assign = self.admit_q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self.maybe_inject_failure()
+            nbytes = RequestKV.nbytes(self.layout, a.request.prompt_len)
+            if not self.buffer.reserve(nbytes, self.stop):
+                return
+            live = _Live(a, RequestKV(self.layout, a.request.prompt_len), nbytes)
+            self.live[a.request.id] = live
+            self.transport.send(a.pe, Ready(a.request.id))
+            if a.path == "de" and a.hit_blocks:
+                hashes = [b.hash for b in live.ids[:a.hit_blocks]]
+                ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.hit_blocks], layer_major=a.layerwise)
+                self.spawn(self._relay, live, ticket, name=f"relay{a.request.id}")
+
+    def _relay(self, live: _Live, ticket) -> None:
+        """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""
+        a, T = live.a, self.layout.block_tokens
+        while not self.pe_ready[a.request.id].wait(0.1):
+            if self.stop.is_set():
+                return
+        del self.pe_ready[a.request.id]
+        if not a.layerwise:
+            ticket.wait()
+        for layer in range(self.layout.n_layers):
+            valid = ticket.wait_layer(layer)
+            self.transport.send(a.pe, LayerKV(a.request.id, layer, 0, live.rkv.layer(layer, a.hit_blocks * T), valid))
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def _decode_loop(self) -> None:
+        slots: list[_Live | None] = [None] * self.cfg.decode_slots
+        while not self.stop.is_set():
+            self._fill_slots(slots)
+            if not any(slots):
+                self.wake.wait(0.05)
+                self.wake.clear()
+                continue
+            t0 = time.time()
+            feed = np.array([s.tokens[-1] if s else 0 for s in slots], np.int32)
+            for i, s in enumerate(slots):
+                if s is None:
+                    self.cache.lengths[i] = 0
+            nxt = self.cache.step(self.params, feed)
+            now = time.time()
+            self.busy_s += now - t0
+            self.steps += 1
+            for i, s in enumerate(slots):
+                if s is None:
+                    continue
+                self._maybe_write_block(s, i)  # every token so far now has KV in the cache
+                s.tokens.append(int(nxt[i]))
+                s.token_times.append(now)
+                if len(s.tokens) >= s.a.request.gen_len:
+                    slots[i] = None
+                    self._finish(s)
+
+    def _fill_slots(self, slots: list) -> None:
+        for i in range(len(slots)):
+            if slots[i] is not None:
+                continue
+            with self.lock:
+                if not self.ready_q:
+                    return
+                live = self.ready_q.popleft()
+            done, T = live.prefill, self.layout.block_tokens
+            self.cache.insert(i, live.rkv.sequence())
+            live.tokens, live.token_times = [done.first_token], [live.times["first_token"]]
+            full = live.a.request.prompt_len // T
+            new = list(range(done.hit_blocks, full)) if self.store else []
+            # Prompt blocks the store lacks, straight from the DE buffer; the buffer is freed after.
+            self.write_q.put(("put", [live.ids[b] for b in new], live.rkv.blocks[new], live.nbytes))
+            if live.a.request.gen_len <= 1:
+                self._finish(live)
+            else:
+                slots[i] = live
+
+    def _maybe_write_block(self, live: _Live, slot: int) -> None:
+        """After a step the slot holds KV for one more token: write its block once full."""
+        T, n = self.layout.block_tokens, int(self.cache.lengths[slot])
+        if not self.store or n % T or n <= live.a.request.prompt_len // T * T:
+            return
+        seq = np.concatenate([live.a.request.tokens, np.asarray(live.tokens, np.int32)])
+        ids = block_chain(seq[:n], self.layout)[-1:]
+        self.write_q.put(("put", ids, np.asarray(self.cache.row(slot, n - T, n))[None], 0))
+
+    def _finish(self, live: _Live) -> None:
+        live.times["done"] = time.time()
+        self.write_q.put(("complete", live, None, 0))
+
+    def _write_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                kind, what, blocks, release = self.write_q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if kind == "put":
+                if what:
+                    self.store.put(what, blocks)
+                if release:
+                    self.buffer.release(release)
+                continue
+            live = what
+            self.live.pop(live.a.request.id, None)
+            times = dict(live.times, token_times=live.token_times, stored=time.time())
+            self.transport.send(0, Complete(live.a.request.id, live.tokens, live.prefill.hit_blocks, times))
+
+    def stats(self) -> dict:
+        return {**super().stats(), "busy_s": self.busy_s, "decode_steps": self.steps,
+                "buffer_peak_bytes": self.buffer.peak}

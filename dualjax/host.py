@@ -1,0 +1,106 @@
+"""What every host has: its transport, model, store and storage NIC, a message loop, and guarded
+threads whose exceptions end the whole job (never a hang)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import traceback
+
+import jax
+
+import kvstore
+import models
+from dualjax.config import RunConfig
+from dualjax.layout import layout_for
+from dualjax.messages import HostStats, Shutdown, StatsRequest
+from dualjax.transport import HostFailure, Transport
+
+log = logging.getLogger(__name__)
+
+
+class Host:
+    role = "host"
+
+    def __init__(self, transport: Transport, cfg: RunConfig, params=None):
+        self.transport, self.cfg, self.rank = transport, cfg, transport.rank
+        self.model_cfg = models.get_config(cfg.model)
+        self.layout = layout_for(self.model_cfg, cfg.block_tokens, cfg.hash_seed)
+        if params is None:
+            params = models.init_params(self.model_cfg, cfg.param_seed)
+            if len(jax.local_devices()) > 1:  # tensor parallel over this host's devices
+                params = models.shard_params(params, self.model_cfg, models.make_mesh())
+        self.params = params
+        self.store = kvstore.BlockStore(kvstore.local_spec(cfg.store_dir), self.layout) if cfg.use_store else None
+        cap = cfg.snic_mbps * 1e6 if cfg.snic_mbps else None
+        self.snic = kvstore.StorageNIC(f"{self.role}{self.rank}", cap) if cfg.use_store else None
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.requests_seen = 0
+
+    # -- threads -----------------------------------------------------------------------------------
+    def spawn(self, fn, *args, name: str) -> threading.Thread:
+        t = threading.Thread(target=self._guard, args=(fn, *args), name=f"{self.role}{self.rank}-{name}", daemon=True)
+        t.start()
+        self.threads.append(t)
+        return t
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException:  # noqa: BLE001 - any failure ends the job, with this host's traceback
+            self.fail(traceback.format_exc())
+
+    def fail(self, tb: str) -> None:
+        text = f"[rank {self.rank} {self.role}] {tb}"
+        print(text, file=sys.stderr, flush=True)
+        self.stop.set()
+        self.transport.abort(text)
+
+    def maybe_inject_failure(self) -> None:
+        self.requests_seen += 1
+        if self.cfg.inject_failure == self.rank and self.requests_seen == 1:
+            raise RuntimeError(f"injected failure on rank {self.rank} ({self.role})")
+
+    # -- message loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve messages until Shutdown; exceptions end the job."""
+        try:
+            while not self.stop.is_set():
+                got = self.transport.recv(timeout=0.1)
+                if got is None:
+                    continue
+                src, msg = got
+                if isinstance(msg, Shutdown):
+                    break
+                if isinstance(msg, StatsRequest):
+                    self.transport.send(src, HostStats(self.rank, self.role, self.stats()))
+                    continue
+                self.handle(src, msg)
+        except HostFailure:  # another host failed and already said why
+            pass
+        except BaseException:  # noqa: BLE001
+            if not self.stop.is_set():
+                self.fail(traceback.format_exc())
+        finally:
+            self.stop.set()
+            self.shutdown()
+
+    def handle(self, src: int, msg) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        out = {"transport_sent": dict(self.transport.sent_bytes)}
+        if self.snic:
+            out["snic"] = self.snic.stats()
+            out["snic_series"] = self.snic.series[:: max(1, len(self.snic.series) // 2000)]
+        if self.store:
+            out["store"] = self.store.stats()
+        return out
+
+    def shutdown(self) -> None:
+        for t in self.threads:
+            t.join(timeout=5)
+        if self.snic:
+            self.snic.close()

@@ -1,0 +1,105 @@
+"""Typed messages between ranks. Control messages are small frozen dataclasses (pickled, high
+priority); `LayerKV` carries one layer's KV for a token range as a NumPy array (low priority,
+sent in bounded chunks by the MPI transport). A message class with `bulk = True` travels on the
+low-priority lane, in order with the KV before it: `PrefillDone` ends a request's KV stream and
+must never overtake it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One turn of one agent: its whole prompt and how many tokens to generate."""
+
+    id: int
+    agent: int
+    turn: int
+    tokens: np.ndarray = dataclasses.field(repr=False)  # [S] int32
+    gen_len: int
+    arrival: float
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Assign:
+    """Rank 0 -> PE and DE: who serves `request`, over which read path, with how many hit blocks."""
+
+    request: Request
+    pe: int
+    de: int
+    path: str  # "pe" | "de" | "none" (no store)
+    hit_blocks: int
+    layerwise: bool
+    scheduled: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """The receiving side of the bulk KV has reserved its buffer for `request_id`."""
+
+    request_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKV:
+    """Layer `layer` of a request's KV for tokens [start, start + kv.shape[0]).
+
+    `valid` (DE -> PE relays) is how many leading hit blocks are still good after this layer.
+    """
+
+    request_id: int
+    layer: int
+    start: int
+    kv: np.ndarray = dataclasses.field(repr=False)  # [n, 2, K, H]
+    valid: int = -1
+    bulk = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillDone:
+    request_id: int
+    hit_blocks: int  # blocks actually used (fewer than assigned when a read failed)
+    first_token: int
+    times: dict
+    bulk = True  # after the request's last LayerKV, on the same lane
+
+
+@dataclasses.dataclass(frozen=True)
+class Complete:
+    """DE -> rank 0: a request finished; its blocks are in the store."""
+
+    request_id: int
+    tokens: list[int]
+    hit_blocks: int
+    times: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class HostError:
+    rank: int
+    role: str
+    traceback: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsRequest:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStats:
+    rank: int
+    role: str
+    stats: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Shutdown:
+    pass

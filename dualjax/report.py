@@ -1,0 +1,103 @@
+"""Run outputs: `requests.jsonl` (one line per request) and `report.json` (run metrics).
+
+Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT, tokens/s,
+TTFT / TTST / TPOT (mean, p50, p99), hit rate, path decisions, and per host the storage bytes,
+busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes read in time
+windows, averaged over the windows where any host read.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_loaded", "prefill_end", "first_token", "done", "stored")
+
+
+def _stats(values) -> dict:
+    v = np.asarray([x for x in values if x is not None], float)
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p99": None}
+    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
+
+
+def normalise(records: list[dict]) -> list[dict]:
+    """Absolute wall times -> seconds since the first arrival; adds per-request latencies."""
+    t0 = min(r["arrival"] for r in records)
+    out = []
+    for r in records:
+        r = dict(r)
+        for k in TIME_KEYS:
+            if k in r:
+                r[k] = r[k] - t0
+        tt = [t - t0 for t in r.pop("token_times", [])]
+        r["ttft"] = r["first_token"] - r["arrival"]
+        r["ttst"] = tt[1] - r["arrival"] if len(tt) > 1 else None
+        r["tpot"] = (tt[-1] - tt[0]) / (len(tt) - 1) if len(tt) > 1 else None
+        out.append(r)
+    return out
+
+
+def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
+    """Mean over time windows of max/avg bytes read across storage NICs (1.0 = perfectly even)."""
+    series = [h["snic_series"] for h in hosts if h.get("snic_series") is not None]
+    if not series or not any(series):
+        return None
+    end = max(s[-1][0] for s in series if s)
+    edges = np.arange(0.0, end + window_s, window_s)
+    per_host = []
+    for s in series:
+        t = np.array([p[0] for p in s] or [0.0])
+        b = np.array([p[1] for p in s] or [0.0])
+        cum = np.interp(edges, t, b, left=0.0)
+        per_host.append(np.diff(cum))
+    m = np.stack(per_host)  # [hosts, windows]
+    busy = m.sum(axis=0) > 0
+    if not busy.any():
+        return None
+    return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
+
+
+def summarize(records: list[dict], hosts: list[dict], cfg) -> dict:
+    gen = sum(len(r["generated"]) for r in records)
+    prompt = sum(r["prompt_tokens"] for r in records)
+    jct = max(r["done"] for r in records) - min(r["arrival"] for r in records)
+    per_host = []
+    for h in hosts:
+        snic = h.get("snic", {})
+        per_host.append({"rank": h["rank"], "role": h["role"], "storage_bytes": snic.get("bytes_read", 0),
+                         "storage_busy_fraction": snic.get("busy_s", 0.0) / jct if jct else None,
+                         "kv_sent_bytes": h["transport_sent"].get("kv", 0), "busy_s": h.get("busy_s"),
+                         "buffer_peak_bytes": h.get("buffer_peak_bytes"),
+                         "bytes_written": h.get("store", {}).get("bytes_written", 0)})
+    relay = sum(h["kv_sent_bytes"] for h in per_host if h["role"] == "decode")
+    return {
+        "config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+                   for k, v in dataclasses.asdict(cfg).items()},
+        "requests": len(records), "jct_s": jct, "generated_tokens": gen, "tokens_per_s": gen / jct if jct else None,
+        "prompt_tokens": prompt, "hit_tokens": sum(r["hit_tokens"] for r in records),
+        "hit_rate": sum(r["hit_tokens"] for r in records) / prompt if prompt else 0.0,
+        "ttft_s": _stats(r["ttft"] for r in records), "ttst_s": _stats(r["ttst"] for r in records),
+        "tpot_s": _stats(r["tpot"] for r in records),
+        "paths": dict(collections.Counter(r["path"] for r in records)),
+        "restarts": sum(r.get("restarts", 0) for r in records),
+        "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
+        "hosts": per_host,
+    }
+
+
+def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg) -> dict:
+    """Write requests.jsonl and report.json under `out_dir`; returns the report."""
+    os.makedirs(out_dir, exist_ok=True)
+    records = normalise(records)
+    with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    report = summarize(records, hosts, cfg)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return report

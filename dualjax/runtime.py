@@ -1,0 +1,79 @@
+"""Running a cluster: every rank's role, in one process (embedded) or one process per rank (MPI).
+
+`run_embedded(cfg)` runs all hosts as threads over the in-process transport, with the same
+classes and messages as a real run; `run_rank(transport, cfg)` is what each MPI rank runs
+(`launch/main.py`). Both write `requests.jsonl` and `report.json` on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import kvstore
+import models
+from dualjax.config import RunConfig
+from dualjax.decode import DecodeHost
+from dualjax.driver import Driver
+from dualjax.layout import layout_for
+from dualjax.placement import FlagPlacement
+from dualjax.prefill import PrefillHost
+from dualjax.report import write_run
+from dualjax.transport import HostFailure, InProcFabric, Transport
+
+log = logging.getLogger(__name__)
+
+
+def open_store(cfg: RunConfig):
+    """The run's store (checks the fingerprint against an existing one), or None for the reference run."""
+    if not cfg.use_store:
+        return None
+    layout = layout_for(models.get_config(cfg.model), cfg.block_tokens, cfg.hash_seed)
+    return kvstore.BlockStore(kvstore.local_spec(cfg.store_dir), layout)
+
+
+def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
+    role = cfg.cluster.role(rank)
+    return (PrefillHost if role == "prefill" else DecodeHost)(transport, cfg, params)
+
+
+def drive(transport: Transport, cfg: RunConfig, progress: bool) -> dict:
+    """Rank 0's part: drive the workload, then write the outputs."""
+    model_cfg = models.get_config(cfg.model)
+    store = open_store(cfg)
+    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
+    driver = Driver(transport, cfg, model_cfg.vocab, layout, store, FlagPlacement(cfg.cluster, cfg.path,
+                                                                                   cfg.workload_seed), progress)
+    records, hosts = driver.run()
+    return write_run(cfg.out, records, hosts, cfg)
+
+
+def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:
+    """One MPI rank: rank 0 drives and returns the report; the others serve until shutdown."""
+    if transport.rank == 0:
+        return drive(transport, cfg, progress)
+    make_host(transport.rank, transport, cfg).run()
+    return None
+
+
+def run_embedded(cfg: RunConfig, progress: bool = True) -> dict:
+    """All ranks in this process (threads). Raises HostFailure with the failing host's traceback."""
+    open_store(cfg)  # fail fast on a fingerprint mismatch, before any host starts
+    fabric = InProcFabric(cfg.cluster.size)
+    params = models.init_params(models.get_config(cfg.model), cfg.param_seed)
+    hosts = [make_host(r, fabric.transport(r), cfg, params) for r in range(1, cfg.cluster.size)]
+    threads = [threading.Thread(target=h.run, name=f"rank{h.rank}", daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    try:
+        return drive(fabric.transport(0), cfg, progress)
+    except HostFailure:
+        raise
+    except BaseException as e:
+        fabric.transport(0).abort(f"[rank 0 scheduler] {e!r}")
+        raise
+    finally:
+        for h in hosts:
+            h.stop.set()
+        for t in threads:
+            t.join(timeout=10)

@@ -1,0 +1,90 @@
+"""`dualjax verify`: the tokens must not depend on how KV was moved.
+
+One fixed workload (tiny model, float32, 8 agents x 6 turns whose prompts cross several blocks)
+runs under PE-only, DE-only and a random path per request; layerwise on and off; embedded and
+under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
+store-backed run must produce bit-identical generated tokens, equal to the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from dualjax.config import ClusterSpec, RunConfig
+from dualjax.runtime import run_embedded
+
+# (name, cluster, path, layerwise, launcher)
+RUNS = [
+    ("pe-layerwise-embedded", "1p1d", "pe", True, "embedded"),
+    ("de-layerwise-embedded", "1p1d", "de", True, "embedded"),
+    ("random-layerwise-embedded", "2p1d", "random", True, "embedded"),
+    ("pe-basic-embedded", "1p1d", "pe", False, "embedded"),
+    ("de-basic-embedded", "1p2d", "de", False, "embedded"),
+    ("random-basic-embedded", "1p1d", "random", False, "embedded"),
+    ("pe-layerwise-mpiexec", "1p1d", "pe", True, "mpiexec"),
+    ("de-layerwise-mpiexec", "1p1d", "de", True, "mpiexec"),
+    ("random-basic-mpiexec", "1p2d", "random", False, "mpiexec"),
+]
+QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded")]
+
+
+def argv_for(cfg: RunConfig) -> list[str]:
+    """`dualjax run` flags that rebuild `cfg` (for the mpiexec launcher)."""
+    policy = {"pe": "pe-only", "de": "de-only", "random": "random"}[cfg.path]
+    argv = ["--cluster", cfg.cluster.name, "--model", cfg.model, "--workload", cfg.workload, "--policy", policy,
+            "--out", cfg.out, "--store", cfg.store_dir, "--block-tokens", str(cfg.block_tokens), "--quiet",
+            "--layerwise" if cfg.layerwise else "--no-layerwise"]
+    for flag, value in (("--agents", cfg.agents), ("--turns", cfg.turns)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
+    with open(os.path.join(out_dir, "requests.jsonl")) as f:
+        return {(r["agent"], r["turn"]): r["generated"] for r in map(json.loads, f)}
+
+
+def run_one(base: RunConfig, name: str, cluster: str, path: str, layerwise: bool, launcher: str, out: str):
+    from dualjax.cli import launch_mpi
+    cfg = base.replace(cluster=ClusterSpec.parse(cluster), path=path, layerwise=layerwise,
+                       out=os.path.join(out, name), store=os.path.join(out, name, "store"))
+    shutil.rmtree(cfg.out, ignore_errors=True)
+    if launcher == "embedded":
+        run_embedded(cfg, progress=False)
+    elif launch_mpi(cfg, argv_for(cfg)) != 0:
+        raise RuntimeError(f"verify run {name} failed under mpiexec")
+    return tokens_of(cfg.out)
+
+
+def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None) -> dict:
+    base = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny",
+                     agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
+    t0 = time.time()
+    reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe", True, "embedded", out)
+    result = {"identical": True, "requests": len(reference), "runs": ["reference"], "mismatches": []}
+    for name, cluster, path, layerwise, launcher in (QUICK if quick else RUNS):
+        got = run_one(base, name, cluster, path, layerwise, launcher, out)
+        result["runs"].append(name)
+        for key, want in reference.items():
+            if got.get(key) != want:
+                result["mismatches"].append({"run": name, "agent": key[0], "turn": key[1], "reference": want,
+                                             "got": got.get(key)})
+        print(f"verify: {name}: {'ok' if not any(m['run'] == name for m in result['mismatches']) else 'MISMATCH'}",
+              flush=True)
+    result["identical"] = not result["mismatches"]
+    result["wall_s"] = time.time() - t0
+    return result
+
+
+def main(args) -> int:
+    result = verify(args.out, quick=args.quick)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "mismatches"} | {"mismatches": len(result["mismatches"])}))
+    return 0 if result["identical"] else 1
