@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
     args = parser.parse_args(argv)
     from dualjax.config import ConfigError
+    from kvstore import StoreError
     try:
         if args.command == "demo":
             from dualjax.demo import main as demo_main
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "verify":
             from dualjax.verify import main as verify_main
             return verify_main(args)
-    except (ConfigError, KeyError, ValueError) as e:
+    except (ConfigError, KeyError, ValueError, StoreError) as e:  # bad flags, presets, stores: one clear line
         print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 2

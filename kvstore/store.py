@@ -154,7 +154,7 @@ class BlockStore:
             self.layout.check_block(np.asarray(block), f"block {bid.hash}")
             if hash_block(bid.parent, bid.tokens, self.layout) != check_hash(bid.hash):
                 raise ValueError(f"block id {bid.hash} does not match the hash of its parent and tokens")
-            if not self.contains(bid.hash):
+            if not self._in_index(bid.hash):  # the store's word, not our cache: a bad block gets rewritten
                 todo.append((bid, np.asarray(block), self._next_slot()))
         if not todo:
             return 0
@@ -190,6 +190,17 @@ class BlockStore:
                 self._lru[h] = None
             return True
         return False
+
+    def _in_index(self, h: str) -> bool:
+        return self.index_kv.read(h).result().state == "value"
+
+    def invalidate(self, h: str) -> None:
+        """Forget a block found bad: drop its index entry so the next `put` writes it again."""
+        with self._lock:
+            self._lru.pop(h, None)
+            self._entries.pop(h, None)
+        self.index_kv.write(h, None).result()
+        self.counters["invalidated"] += 1
 
     def match_prefix(self, hashes: list[str]) -> int:
         """Number of leading blocks of `hashes` present in the store."""
@@ -332,8 +343,9 @@ class BlockRead:
         return self._outcome
 
     def _bad(self, why: str) -> None:
-        log.warning("block %s unreadable, treated as a miss: %s", self.hash, why)
+        log.warning("block %s unreadable, treated as a miss and dropped from the index: %s", self.hash, why)
         self.store.counters["bad_blocks"] += 1
+        self.store.invalidate(self.hash)
         return None
 
     def __del__(self):

@@ -208,3 +208,16 @@ def test_concurrent_readers_and_writer_in_one_process(store):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_a_bad_block_is_dropped_and_rewritten_by_the_next_put(tmp_path, store):
+    ids, blocks = _chain(3), _blocks(3)
+    store.put(ids, blocks)
+    path = _chunk_file(tmp_path, store, ids[1].hash)
+    raw = bytearray(open(path, "rb").read())
+    raw[-10] ^= 0xFF
+    open(path, "wb").write(bytes(raw))
+    assert len(store.get_prefix([b.hash for b in ids])) == 1
+    assert not store.contains(ids[1].hash)
+    assert store.put(ids, blocks) == 1  # only the bad one is written again
+    np.testing.assert_array_equal(np.stack(store.get_prefix([b.hash for b in ids])), blocks)

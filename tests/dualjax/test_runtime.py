@@ -1,0 +1,128 @@
+"""Runtime invariants: tokens do not depend on the read path, layerwise mode or launcher, and
+equal a reference that recomputes every prompt; faults recompute; failures end the job."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dualjax import cli
+from dualjax.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.runtime import run_embedded
+from dualjax.transport import HostFailure
+from dualjax.verify import tokens_of
+
+BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
+
+
+def _run(tmp_path, name, **changes):
+    cfg = BASE.replace(out=str(tmp_path / name), **changes)
+    report = run_embedded(cfg, progress=False)
+    return report, tokens_of(cfg.out)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    _, tokens = _run(tmp_path_factory.mktemp("ref"), "reference", use_store=False)
+    return tokens
+
+
+@pytest.mark.parametrize("path,layerwise,cluster", [("pe", True, "1p1d"), ("de", True, "1p2d"),
+                                                    ("random", False, "2p1d"), ("de", False, "1p1d")])
+def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, path, layerwise, cluster):
+    report, tokens = _run(tmp_path, "run", path=path, layerwise=layerwise, cluster=ClusterSpec.parse(cluster))
+    assert tokens == reference
+    assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
+    if path == "de":
+        assert report["relay_bytes"] > 0 and set(report["paths"]) == {"de"}
+    if path == "pe":
+        assert report["relay_bytes"] == 0
+
+
+def test_outputs_have_one_record_per_request(tmp_path):
+    report, _ = _run(tmp_path, "out", path="pe")
+    lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
+    assert len(lines) == report["requests"] == 9
+    for r in lines:
+        assert {"agent", "turn", "hit_tokens", "miss_tokens", "path", "pe", "de", "ttft", "generated"} <= set(r)
+        assert r["hit_tokens"] + r["miss_tokens"] == r["prompt_tokens"] and len(r["generated"]) == r["gen_len"]
+        assert 0 <= r["arrival"] <= r["first_token"] <= r["done"]
+
+
+@pytest.mark.parametrize("path", ["pe", "de"])
+def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, path):
+    store = str(tmp_path / "store")
+    _run(tmp_path, "fill", path=path, store=store)
+    files = sorted(glob.glob(os.path.join(store, "data", "*")))
+    rng = np.random.default_rng(0)
+    for f in rng.choice(files, len(files) // 2, replace=False):
+        if rng.random() < 0.5:
+            os.remove(f)
+        else:
+            raw = bytearray(open(f, "rb").read())
+            raw[len(raw) * 3 // 4] ^= 0xFF
+            open(f, "wb").write(bytes(raw))
+    report, tokens = _run(tmp_path, "again", path=path, store=store)
+    assert report["restarts"] > 0  # the fault path really ran
+    assert tokens == reference
+
+
+def test_a_failing_host_ends_the_embedded_run(tmp_path):
+    with pytest.raises(HostFailure, match="injected failure on rank 2"):
+        _run(tmp_path, "fail", inject_failure=2)
+
+
+def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
+    argv = ["run", "--cluster", "1p1d", "--agents", "2", "--turns", "1", "--inject-failure", "1", "--quiet",
+            "--out", str(tmp_path / "mpi")]
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli", *argv], capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
+
+
+def test_mpiexec_run_matches_the_reference(tmp_path, reference):
+    out = tmp_path / "mpi"
+    argv = ["run", "--cluster", "1p2d", "--agents", "3", "--turns", "3", "--policy", "random", "--quiet",
+            "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli", *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert tokens_of(str(out)) == reference
+
+
+def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
+    proc = subprocess.run([cli.mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_lanes.py"],
+                          capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "Ready,LayerKV,PrefillDone"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cluster", "2x3"], "unknown cluster"),
+    (["--cluster", "0p1d"], "at least one prefill"),
+    (["--pe-buffer-mb", "0.01"], "cannot hold one request"),
+    (["--snic-mbps", "-5"], "must be positive"),
+    (["--model", "gpt-9"], "unknown model preset"),
+])
+def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
+    rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_a_store_of_another_model_is_refused(tmp_path, capsys):
+    _run(tmp_path, "tiny", store=str(tmp_path / "store"), agents=1, turns=1)
+    rc = cli.main(["run", "--embedded", "--quiet", "--model", "small", "--store", str(tmp_path / "store"),
+                   "--out", str(tmp_path / "small")])
+    assert rc == 2 and "fingerprint" in capsys.readouterr().err
+
+
+def test_cluster_spec_roles():
+    c = ClusterSpec.parse("2P3D")
+    assert (c.size, c.prefill_ranks, c.decode_ranks, c.role(0), c.role(2), c.role(3)) == \
+        (6, [1, 2], [3, 4, 5], "scheduler", "prefill", "decode")
+    with pytest.raises(ConfigError):
+        c.role(6)
