@@ -1,12 +1,13 @@
 """Transports: how ranks exchange messages. One interface, two implementations.
 
 * `InProcFabric`/`InProcTransport`: threads and queues in one process (tests, notebooks, demo).
-* `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call. Two traffic
-  classes: control messages (pickled, high priority) and bulk messages (`LayerKV`, sent as a
-  header plus raw chunks of at most `chunk_bytes` with the upper-case buffer calls, and what
-  must stay in order with them, e.g. `PrefillDone`), so a control message waits for at most a
-  window of chunks, never a whole layer. `priority=False` sends everything in submission order
-  (the FIFO baseline of `benchmarks.relay`).
+* `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call (threads blocked
+  in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled,
+  high priority) and bulk messages: `LayerKV`, sent as a header plus raw chunks of at most
+  `chunk_bytes` with the upper-case buffer calls, and what must stay in order with them
+  (`PrefillDone`). A control message waits for at most a window of chunks, never a whole layer.
+  The receiver pre-posts every chunk's receive when a header arrives, so MPI moves the bytes.
+  `priority=False` sends everything in submission order (the FIFO baseline of `benchmarks.relay`).
 """
 
 from __future__ import annotations
@@ -95,12 +96,13 @@ class _Abort:
 
 
 TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA = 11, 12, 13
+DEFAULT_CHUNK_BYTES = 1 << 20
 
 
 class MpiTransport(Transport):
     """mpi4py transport with a progress thread; see the module docstring."""
 
-    def __init__(self, comm, priority: bool = True, chunk_bytes: int = 256 << 10, window: int = 4):
+    def __init__(self, comm, priority: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES, window: int = 8):
         super().__init__()
         from mpi4py import MPI  # imported here so in-process runs never load MPI
 
@@ -110,7 +112,7 @@ class MpiTransport(Transport):
         self._kv: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._inbox: queue.Queue = queue.Queue()
-        self._assembly: dict[int, list] = {}  # source -> [LayerKV header, uint8 buffer, bytes filled]
+        self._assembly: dict[int, collections.deque] = {}  # source -> (header, buffer, posted receives), in order
         self._pending: list = []  # outstanding send requests (and the buffers they read)
         self._active: collections.deque = collections.deque()  # chunks of the KV message being sent
         self._stop = threading.Event()
@@ -128,12 +130,21 @@ class MpiTransport(Transport):
             (self._kv if getattr(msg, "bulk", False) and self.priority else self._ctrl).append((dst, msg))
 
     def recv(self, timeout: float | None = None):
-        if self._error:
-            raise self._error
-        try:
-            return self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # wake up now and then so a progress-thread error surfaces at once
+            if self._error:
+                raise self._error
+            wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            try:
+                return self._inbox.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+
+    def backlog(self) -> int:
+        """Bulk messages queued and not yet fully handed to MPI (the one being chunked counts)."""
+        with self._lock:
+            return len(self._kv) + bool(self._active) + (0 if self.priority else len(self._ctrl))
 
     def abort(self, text: str) -> None:
         self.comm.Abort(1)
@@ -163,24 +174,26 @@ class MpiTransport(Transport):
 
     def _poll_incoming(self) -> bool:
         MPI, st, got = self.MPI, self.MPI.Status(), False
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
-            src, tag, got = st.Get_source(), st.Get_tag(), True
-            if tag == TAG_CTRL:
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_CTRL, status=st) or \
+                self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_KV_HEAD, status=st):
+            src, got = st.Get_source(), True
+            if st.Get_tag() == TAG_CTRL:
                 self._inbox.put((src, self.comm.recv(source=src, tag=TAG_CTRL)))
-            elif tag == TAG_KV_HEAD:
-                head = self.comm.recv(source=src, tag=TAG_KV_HEAD)
-                self._assembly[src] = [head, np.empty(head.kv.nbytes, np.uint8), 0]
-            else:
-                head, buf, filled = self._assembly[src]
-                n = st.Get_count(MPI.BYTE)
-                self.comm.Recv([buf[filled:filled + n], MPI.BYTE], source=src, tag=TAG_KV_DATA)
-                filled += n
-                self._assembly[src][2] = filled
-                if filled == buf.size:
-                    del self._assembly[src]
-                    kv = buf.view(head.kv.dtype).reshape(head.kv.shape)
-                    self._inbox.put((src, dataclasses.replace(head, kv=kv)))
-        return got
+                continue
+            head, reqs, buf = self.comm.recv(source=src, tag=TAG_KV_HEAD), [], None
+            if isinstance(getattr(head, "kv", None), _Shape):  # pre-post every chunk's receive
+                buf, step = np.empty(head.kv.nbytes, np.uint8), head.kv.chunk
+                reqs = [self.comm.Irecv([buf[i:i + step], MPI.BYTE], source=src, tag=TAG_KV_DATA)
+                        for i in range(0, buf.size, step)]
+            self._assembly.setdefault(src, collections.deque()).append((head, buf, reqs))
+        for src, pending in self._assembly.items():  # deliver in order, per source
+            while pending and MPI.Request.Testall(pending[0][2]):
+                head, buf, _ = pending.popleft()
+                if buf is not None:
+                    head = dataclasses.replace(head, kv=buf.view(head.kv.dtype).reshape(head.kv.shape))
+                self._inbox.put((src, head))
+                got = True
+        return got or any(self._assembly.values())
 
     def _push_outgoing(self) -> bool:
         with self._lock:
@@ -191,12 +204,13 @@ class MpiTransport(Transport):
             else:
                 dst, msg = self._kv.popleft()
         if msg is not None and not isinstance(msg, LayerKV):
-            self._pending.append((self.comm.isend(msg, dest=dst, tag=TAG_CTRL), None))
+            tag = TAG_KV_HEAD if getattr(msg, "bulk", False) else TAG_CTRL  # bulk: ordered with the KV
+            self._pending.append((self.comm.isend(msg, dest=dst, tag=tag), None))
             self.sent_bytes["control"] += 1
             return True
         if msg is not None:  # start a KV message: a header with the array's shape, then raw chunks
             data = np.ascontiguousarray(msg.kv).reshape(-1).view(np.uint8)
-            head = dataclasses.replace(msg, kv=_Shape(tuple(msg.kv.shape), msg.kv.dtype))
+            head = dataclasses.replace(msg, kv=_Shape(tuple(msg.kv.shape), msg.kv.dtype, self.chunk_bytes))
             self._pending.append((self.comm.isend(head, dest=dst, tag=TAG_KV_HEAD), None))
             self._active.extend((dst, data[i:i + self.chunk_bytes]) for i in range(0, data.size, self.chunk_bytes))
             self.sent_bytes["kv"] += data.size
@@ -214,6 +228,7 @@ class _Shape:
 
     shape: tuple
     dtype: np.dtype
+    chunk: int  # bytes per data message
 
     @property
     def nbytes(self) -> int:

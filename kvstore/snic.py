@@ -2,7 +2,8 @@
 
 On one machine every emulated host shares one disk, so per-host storage bandwidth does not exist
 physically (DESIGN.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
-`cap_bytes_per_s` when set (a leaky bucket with a one-piece burst), and counts what it carried.
+`cap_bytes_per_s` when set (a leaky bucket with a burst of one read of at most `batch_bytes`),
+and counts what it carried.
 Reads really come from the store; only the per-host bandwidth limit is emulated.
 
 A read fetches the Full Blocks of one request into a host buffer, either block-major or
@@ -34,12 +35,14 @@ class ReadTicket:
         self.t_submit = time.monotonic()
         self.t_done: float | None = None
 
-    def _pieces(self):
-        """(block index, layers) in read order."""
-        L = self.store.layout.n_layers
-        if self.layer_major:
-            return [(b, range(layer, layer + 1)) for layer in range(L) for b in range(len(self.hashes))]
-        return [(b, range(L)) for b in range(len(self.hashes))]
+    def _batches(self, batch_bytes: int):
+        """(first block, end block, layers) in read order: layer-major or block-major, with
+        consecutive blocks grouped up to `batch_bytes` per read."""
+        layout, n = self.store.layout, len(self.hashes)
+        spans = [range(layer, layer + 1) for layer in range(layout.n_layers)] if self.layer_major \
+            else [range(layout.n_layers)]
+        per = max(1, batch_bytes // (layout.layer_bytes * len(spans[0])))
+        return [(b, min(b + per, n), layers) for layers in spans for b in range(0, n, per)]
 
     def wait_layer(self, layer: int, timeout: float | None = None) -> int:
         """Block until `layer` of every still-valid block is in `out`; returns `valid` then."""
@@ -71,10 +74,11 @@ class StorageNIC:
     """A host's storage read path. `read(...)` queues a request and returns its `ReadTicket`;
     `read_queue()` is (bytes, tokens) not yet read, counted from submission to completion."""
 
-    def __init__(self, name: str, cap_bytes_per_s: float | None = None, window: int = 8, clock=time.monotonic):
+    def __init__(self, name: str, cap_bytes_per_s: float | None = None, window: int = 8,
+                 batch_bytes: int = 1 << 20, clock=time.monotonic):
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
-        self.name, self.cap, self.window, self.clock = name, cap_bytes_per_s, window, clock
+        self.name, self.cap, self.window, self.batch_bytes, self.clock = name, cap_bytes_per_s, window, batch_bytes, clock
         self._pending: collections.deque[ReadTicket | None] = collections.deque()
         self._cond = threading.Condition()
         self._q_bytes = self._q_tokens = 0
@@ -135,36 +139,37 @@ class StorageNIC:
 
     def _serve(self, t: ReadTicket) -> None:
         layout, n = t.store.layout, len(t.hashes)
-        pieces = t._pieces()
         next_t = self.clock()
         inflight: collections.deque = collections.deque()
         valid, done_per_layer = n, collections.Counter()
 
         def collect():
             nonlocal valid
-            b, layers, read = inflight.popleft()
-            ok = read.result() is not None
+            b0, layers, reads = inflight.popleft()
             piece_bytes = layout.layer_bytes * len(layers)
-            self._account(piece_bytes, t.tokens / n * len(layers) / layout.n_layers, piece_bytes if ok else 0)
-            if not ok:
-                valid = min(valid, b)
+            for b, read in enumerate(reads, start=b0):
+                ok = read.result() is not None
+                self._account(piece_bytes, t.tokens / n * len(layers) / layout.n_layers, piece_bytes if ok else 0)
+                if not ok:
+                    valid = min(valid, b)
             for layer in layers:
-                done_per_layer[layer] += 1
+                done_per_layer[layer] += len(reads)
             complete = 0
             while complete < layout.n_layers and done_per_layer[complete] == n:
                 complete += 1
             t._advance(complete, valid)
 
-        for b, layers in pieces:
-            if b >= valid:  # a miss already: skip the read, still account for it
-                inflight.append((b, layers, _Skipped()))
+        for b0, b1, layers in t._batches(self.batch_bytes):
+            if b0 >= valid:  # misses already: skip the read, still account for it
+                inflight.append((b0, layers, [_Skipped()] * (b1 - b0)))
             else:
+                b1 = min(b1, valid)
                 if self.cap:
-                    cost = layout.layer_bytes * len(layers) / self.cap
+                    cost = layout.layer_bytes * len(layers) * (b1 - b0) / self.cap
                     next_t = max(next_t, self.clock()) + cost
                     time.sleep(max(0.0, next_t - cost - self.clock()))
-                inflight.append((b, layers, t.store.get([t.hashes[b]], t.out[b:b + 1], layers=layers)[0]))
-            while len(inflight) >= self.window or (inflight and inflight[0][2].done()):
+                inflight.append((b0, layers, t.store.get(t.hashes[b0:b1], t.out[b0:b1], layers=layers)))
+            while len(inflight) >= self.window or (inflight and all(r.done() for r in inflight[0][2])):
                 collect()
         while inflight:
             collect()

@@ -7,6 +7,7 @@ to a few buckets (powers of two) so a long multi-turn run compiles a handful of 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 
@@ -126,6 +127,9 @@ class Layerwise:
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
         self.x = _embed_jit(params, _pad(jnp.asarray(tokens), 1, self.Tb))
         self.next_layer = 0
+        # Device copies of the prefix KV of the last two layers: the one computing and the one
+        # before it (still in flight). Older ones are dropped, so the device holds ~2 layers.
+        self.held: collections.deque = collections.deque(maxlen=2)
 
     def layer(self, layer: int, prefix_kv):
         """Run `layer` over its prefix KV [B, S, 2, K, H]; returns the new tokens' KV [B, T, 2, K, H]."""
@@ -133,6 +137,7 @@ class Layerwise:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         check_prefix(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
         prefix_kv = _pad(jnp.asarray(prefix_kv)[:, :self.Sb], 1, self.Sb)
+        self.held.append(prefix_kv)
         self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                 jnp.asarray(self.prefix_len))
         self.next_layer += 1
@@ -142,6 +147,7 @@ class Layerwise:
         """Logits [B, T, V] float32 after the last layer."""
         if self.next_layer != self.cfg.n_layers:
             raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
+        self.held.clear()
         return _head_jit(self.params, self.cfg, self.x)[:, :self.T]
 
 

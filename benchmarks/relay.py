@@ -1,0 +1,146 @@
+"""DE->PE relay over MPI: layer-block throughput through `MpiTransport` versus a plain mpi4py
+`Send` of the same bytes in the same run, and the p99 latency of control messages while a relay
+saturates the link, with the priority lanes and with one FIFO lane.
+
+    python -m benchmarks.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
+
+Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
+"link" is MPICH's shared-memory transport; nothing is emulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from benchmarks.common import emit, parser
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping:
+    t_sent: float  # time.monotonic() of the sender (system-wide on Linux)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    bulk = True  # ends the KV stream: must not overtake it
+
+
+def _layer_blocks(n_layers: int, tokens: int):
+    """Layer slices of a `small`-model request: [tokens, 2, K=8, H=32] float32 each."""
+    return [np.full((tokens, 2, 8, 32), layer, np.float32) for layer in range(n_layers)]
+
+
+def _raw(comm, layers, repeats: int) -> float:
+    from mpi4py import MPI
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for kv in layers:
+            if comm.rank == 1:
+                comm.Send([kv, MPI.BYTE], dest=0, tag=5)
+            else:
+                comm.Recv([np.empty_like(kv), MPI.BYTE], source=1, tag=5)
+    comm.Barrier()
+    return time.perf_counter() - t0
+
+
+def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int):
+    """Send the layers through MpiTransport; returns (seconds, control latencies in ms at rank 0)."""
+    from dualjax.messages import LayerKV
+    from dualjax.transport import MpiTransport
+    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk)
+    comm.Barrier()
+    t0, lat = time.perf_counter(), []
+    if comm.rank == 1:
+        done = threading.Event()
+        if ping_every:
+            def pinger():
+                while not done.is_set():
+                    t.send(0, Ping(time.monotonic()))
+                    time.sleep(ping_every)
+            threading.Thread(target=pinger, daemon=True).start()
+        for r in range(repeats):
+            for i, kv in enumerate(layers):
+                while t.backlog() >= 2:  # a relay sends layers as they become ready, not all at once
+                    time.sleep(0.0001)
+                t.send(0, LayerKV(r, i, 0, kv))
+        done.set()
+        t.send(0, Stop())
+    else:
+        got = 0
+        while True:
+            _, msg = t.recv(timeout=60)
+            if isinstance(msg, Ping):
+                lat.append(1e3 * (time.monotonic() - msg.t_sent))
+            elif isinstance(msg, Stop):
+                break
+            else:
+                got += msg.kv.nbytes
+        assert got == repeats * sum(kv.nbytes for kv in layers)
+    elapsed = time.perf_counter() - t0
+    t.close()
+    comm.Barrier()
+    return elapsed, lat
+
+
+def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    layers = _layer_blocks(4, 2048 if quick else 4096)
+    repeats = 3 if quick else 8
+    nbytes = repeats * sum(kv.nbytes for kv in layers)
+    _raw(comm, layers, 1), _relay(comm, layers, 1, True, None, chunk)  # warm-up
+    raw_s = min(_raw(comm, layers, repeats) for _ in range(3))
+    relay_s = min(_relay(comm, layers, repeats, True, None, chunk)[0] for _ in range(3))
+    _, lat_prio = _relay(comm, layers, repeats, True, 0.002, chunk)
+    _, lat_fifo = _relay(comm, layers, repeats, False, 0.002, chunk)
+    if comm.rank == 0:
+        result = {
+            "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
+            "raw_gbps": nbytes / raw_s / 1e9, "relay_gbps": nbytes / relay_s / 1e9,
+            "relay_vs_raw": raw_s / relay_s,
+            "control_p99_ms_priority": float(np.percentile(lat_prio, 99)),
+            "control_p99_ms_fifo": float(np.percentile(lat_fifo, 99)),
+            "control_p50_ms_priority": float(np.percentile(lat_prio, 50)),
+            "control_p50_ms_fifo": float(np.percentile(lat_fifo, 50)),
+            "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk,
+            "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer; relay "
+                     "= LayerKV through MpiTransport (chunked, window 4); best of 3. Control: a ping every "
+                     "2 ms while the relay keeps 2 layers queued; FIFO = one lane in submission order.",
+        }
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+def main(argv=None) -> dict:
+    p = parser(__doc__)
+    p.add_argument("--chunk-kib", type=int, default=None, help="KV chunk size (default: the transport's)")
+    p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.under_mpi:
+        from dualjax.transport import DEFAULT_CHUNK_BYTES
+        under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
+        return {}
+    from dualjax.cli import mpiexec
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "relay.json")
+        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "benchmarks.relay", "--under-mpi", out]
+        extra = (["--quick"] if args.quick else []) + (["--chunk-kib", str(args.chunk_kib)] if args.chunk_kib else [])
+        subprocess.run(cmd + extra, check=True)
+        result = json.load(open(out))
+    emit(result, args.json)
+    return result
+
+
+if __name__ == "__main__":
+    main()
