@@ -160,15 +160,15 @@ class StorageNIC:
             t._advance(complete, valid)
 
         for b0, b1, layers in t._batches(self.batch_bytes):
-            if b0 >= valid:  # misses already: skip the read, still account for it
-                inflight.append((b0, layers, [_Skipped()] * (b1 - b0)))
-            else:
-                b1 = min(b1, valid)
+            good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
+            reads: list = []
+            if good > b0:
                 if self.cap:
-                    cost = layout.layer_bytes * len(layers) * (b1 - b0) / self.cap
+                    cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
                     next_t = max(next_t, self.clock()) + cost
                     time.sleep(max(0.0, next_t - cost - self.clock()))
-                inflight.append((b0, layers, t.store.get(t.hashes[b0:b1], t.out[b0:b1], layers=layers)))
+                reads = t.store.get(t.hashes[b0:good], t.out[b0:good], layers=layers)
+            inflight.append((b0, layers, reads + [_Skipped()] * (b1 - good)))
             while len(inflight) >= self.window or (inflight and all(r.done() for r in inflight[0][2])):
                 collect()
         while inflight:

@@ -21,18 +21,21 @@ from models.prefill import DEFAULT_BUCKETS, InputError, check_tokens, prefill
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _insert_jit(cache, kv, slot):
-    """cache [L, B, C, 2, K, H] with kv [L, S, 2, K, H] written at (slot, 0); donates `cache`."""
-    return jax.lax.dynamic_update_slice(cache, kv[:, None], (0, slot, 0, 0, 0, 0))
+    """cache [L, 2, B, K, C, H] with kv [L, S, 2, K, H] written at (slot, 0); donates `cache`."""
+    kv = kv.transpose(0, 2, 3, 1, 4)[:, :, None]  # [L, 2, 1, K, S, H]
+    return jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0))
 
 
 class DecodeCache:
-    """KV cache [L, slots, capacity, 2, K, H] plus per-slot lengths (host-side)."""
+    """KV cache [L, 2, slots, K, capacity, H] (decode layout) plus per-slot lengths (host-side).
+
+    `insert` takes and `row` gives the sequence layout [L, S, 2, K, H] (runs of Full Blocks)."""
 
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, sharding=None):
         if capacity > cfg.max_seq_len:
             raise InputError(f"decode capacity {capacity} exceeds max_seq_len={cfg.max_seq_len} of {cfg.name!r}")
         self.cfg, self.slots, self.capacity = cfg, slots, capacity
-        shape = (cfg.n_layers, slots, capacity, 2, cfg.n_kv_heads, cfg.head_dim)
+        shape = (cfg.n_layers, 2, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
         self.kv = jnp.zeros(shape, cfg.jnp_dtype, device=sharding)
         self.lengths = np.zeros(slots, np.int32)
 
@@ -52,7 +55,7 @@ class DecodeCache:
 
     def row(self, slot: int, start: int, stop: int):
         """KV [L, stop-start, 2, K, H] of one slot's positions [start, stop)."""
-        return self.kv[:, slot, start:stop]
+        return self.kv[:, :, slot, :, start:stop].transpose(0, 3, 1, 2, 4)
 
     def step(self, params: Params, tokens) -> np.ndarray:
         """Feed tokens [slots] at each slot's current length; returns greedy next ids [slots].
@@ -62,8 +65,10 @@ class DecodeCache:
         """
         if self.lengths.max() >= self.capacity:
             raise InputError(f"a decode slot reached capacity {self.capacity}")
-        logits, self.kv = decode_step_jit(params, self.cfg, jnp.asarray(tokens, jnp.int32), self.kv,
-                                          jnp.asarray(self.lengths))
+        # A private copy: on CPU, JAX may alias a NumPy buffer instead of copying it, and we bump
+        # `self.lengths` while the step may still be running.
+        logits, self.kv = decode_step_jit(params, self.cfg, jnp.array(tokens, jnp.int32), self.kv,
+                                          jnp.array(self.lengths.copy()))
         self.lengths += 1
         return np.asarray(greedy(logits))
 

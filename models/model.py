@@ -71,13 +71,13 @@ def project_qkv(x, lp, positions, cfg: ModelConfig):
 
 
 def attend(q, keys, vals, mask, cfg: ModelConfig):
-    """GQA attention: q [B, T, N, H] over keys/vals [B, S, K, H] where mask [B, T, S]."""
+    """GQA attention: q [B, T, N, H] over keys/vals [B, K, S, H] (head-major) where mask [B, T, S]."""
     B, T, _, H = q.shape
     q = q.reshape(B, T, cfg.n_kv_heads, cfg.q_per_kv, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys, preferred_element_type=jnp.float32) / np.sqrt(H)
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32) / np.sqrt(H)
     scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(vals.dtype)
-    return jnp.einsum("bkgts,bskh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H)
+    return jnp.einsum("bkgts,bksh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H)
 
 
 def finish_layer(x, attn, lp, cfg: ModelConfig):
@@ -97,8 +97,8 @@ def forward_layer(x, lp, positions, cfg: ModelConfig, prefix_kv, prefix_len):
     B, T, _ = x.shape
     S = prefix_kv.shape[1]
     q, kv = project_qkv(x, lp, positions, cfg)
-    keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1)  # [B, S+T, K, H]
-    vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1)
+    keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1).transpose(0, 2, 1, 3)  # [B, K, S+T, H]
+    vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1).transpose(0, 2, 1, 3)
     in_prefix = jnp.arange(S)[None, None, :] < prefix_len[:, None, None]  # [B, 1, S]
     causal = jnp.arange(T)[None, :, None] >= jnp.arange(T)[None, None, :]  # [1, T, T]
     mask = jnp.concatenate([jnp.broadcast_to(in_prefix, (B, T, S)), jnp.broadcast_to(causal, (B, T, T))], -1)
@@ -118,21 +118,22 @@ def forward(params: Params, cfg: ModelConfig, tokens, prefix_kv, prefix_len):
 
 
 def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths):
-    """One batched decode step. tokens [B], cache [L, B, S, 2, K, H], lengths [B] (valid entries
-    per row; the new token goes at position lengths[b]). Returns (logits [B, V], cache').
+    """One batched decode step. tokens [B]; cache [L, 2, B, K, C, H] (the decode layout: each
+    layer's K and V contiguous and head-major); lengths [B] valid entries per row, the new token
+    goes at position lengths[b]. Returns (logits [B, V], cache').
 
-    Uses the pieces of `forward_layer`, but writes the new KV into the cache first and attends
-    over the cache in place (no per-step copy of the cache). The jitted form `decode_step_jit`
+    Built from the pieces of `forward_layer`, but the new KV is written into the cache first and
+    attention reads the cache in place (no per-step copy). The jitted form `decode_step_jit`
     donates `cache`: the caller's array is invalid afterwards.
     """
     positions = lengths[:, None]
     x = embed(params, tokens[:, None])
     rows = jnp.arange(tokens.shape[0])
-    mask = (jnp.arange(cache.shape[2])[None, :] <= lengths[:, None])[:, None, :]  # [B, 1, S]
+    mask = (jnp.arange(cache.shape[4])[None, :] <= lengths[:, None])[:, None, :]  # [B, 1, C]
     for layer, lp in enumerate(params["layers"]):
         q, kv = project_qkv(x, lp, positions, cfg)
-        cache = cache.at[layer, rows, lengths].set(kv[:, 0])
-        x = finish_layer(x, attend(q, cache[layer, :, :, 0], cache[layer, :, :, 1], mask, cfg), lp, cfg)
+        cache = cache.at[layer, :, rows, :, lengths].set(kv[:, 0])  # [B, 2, K, H] at (b, lengths[b])
+        x = finish_layer(x, attend(q, cache[layer, 0], cache[layer, 1], mask, cfg), lp, cfg)
     return head(params, cfg, x)[:, 0], cache
 
 

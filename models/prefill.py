@@ -136,7 +136,9 @@ class Layerwise:
         if layer != self.next_layer:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         check_prefix(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
-        prefix_kv = _pad(jnp.asarray(prefix_kv)[:, :self.Sb], 1, self.Sb)
+        # jnp.array copies: on CPU a NumPy buffer may otherwise be aliased, and a host buffer the
+        # caller reuses (a PE buffer) must not change under a computation still running.
+        prefix_kv = _pad(jnp.array(prefix_kv)[:, :self.Sb], 1, self.Sb)
         self.held.append(prefix_kv)
         self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                 jnp.asarray(self.prefix_len))
