@@ -17,17 +17,20 @@ import sys
 
 BENCHES = {"model": "benchmarks.model", "kvstore": "benchmarks.kvstore", "relay": "benchmarks.relay",
            "layerwise": "benchmarks.layerwise"}
-POLICIES = {"pe-only": "pe", "de-only": "de", "random": "random"}  # placeholder placement: path by flag
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by `dualjax run` and `python -m mpi4py -m launch.main`."""
     p.add_argument("--cluster", default="1p1d", help="PpDd: P prefill hosts, D decode hosts (default 1p1d)")
     p.add_argument("--model", default="tiny", help="model preset (tiny, small, ...)")
-    p.add_argument("--workload", default="agentic-tiny", help="workload preset")
+    p.add_argument("--workload", default="agentic-tiny",
+                   help="preset (agentic-tiny, agentic-small, paper-32k/48k/64k), a trajectory file *.jsonl, "
+                        "or mooncake:PATH[:LIMIT[:LENGTH_SCALE]]")
     p.add_argument("--agents", type=int, help="override the preset's number of agents")
     p.add_argument("--turns", type=int, help="override the preset's turns per agent")
-    p.add_argument("--policy", default="random", choices=sorted(POLICIES), help="read-path policy")
+    p.add_argument("--policy", default="dualpath", help="read-path policy: basic, pe-only, de-only, round-robin, "
+                   "random, dualpath (default)")
+    p.add_argument("--aps", type=float, help="online mode: agents arrive as a Poisson process at APS agents/s")
     p.add_argument("--snic-mbps", type=float, help="per-host storage NIC cap in MB/s (default: uncapped)")
     p.add_argument("--layerwise", action=argparse.BooleanOptionalAction, default=True,
                    help="layerwise prefill (default) or load-everything-first (--no-layerwise)")
@@ -46,7 +49,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 def config_from_args(args):
     from dualjax.config import ClusterSpec, RunConfig
     return RunConfig(cluster=ClusterSpec.parse(args.cluster), model=args.model, workload=args.workload,
-                     agents=args.agents, turns=args.turns, path=POLICIES[args.policy], layerwise=args.layerwise,
+                     agents=args.agents, turns=args.turns, policy=args.policy, aps=args.aps, layerwise=args.layerwise,
                      use_store=not args.no_store, snic_mbps=args.snic_mbps, block_tokens=args.block_tokens,
                      decode_slots=args.decode_slots, pe_buffer_mb=args.pe_buffer_mb, de_buffer_mb=args.de_buffer_mb,
                      workload_seed=args.seed, store=args.store, out=args.out, inject_failure=args.inject_failure)
@@ -58,9 +61,12 @@ def validate(cfg) -> None:
     from dualjax.buffers import HostBuffer
     from dualjax.layout import layout_for
     from dualjax.runtime import open_store
-    from dualjax.workload import get_workload
-    layout = layout_for(models.get_config(cfg.model), cfg.block_tokens, cfg.hash_seed)
-    get_workload(cfg.workload)
+    from dualjax.policies import get_policy
+    from dualjax.workload import load_workload
+    model_cfg = models.get_config(cfg.model)
+    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
+    get_policy(cfg.policy)
+    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
     HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     HostBuffer("DE", int(cfg.de_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     open_store(cfg)
@@ -96,7 +102,7 @@ def cmd_run(args, argv: list[str]) -> int:
 
 def summary_line(report: dict) -> str:
     return (f"{report['config']['cluster']['prefill']}p{report['config']['cluster']['decode']}d "
-            f"{report['requests']} requests  JCT {report['jct_s']:.2f} s  {report['tokens_per_s']:.1f} tok/s  "
+            f"{report['policy']}: {report['requests']} requests  JCT {report['jct_s']:.2f} s  {report['tokens_per_s']:.1f} tok/s  "
             f"hit {report['hit_rate']:.1%}  paths {report['paths']}  relay {report['relay_bytes'] / 2**20:.1f} MiB")
 
 

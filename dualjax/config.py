@@ -9,9 +9,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-PATHS = ("pe", "de", "random")
-
-
 class ConfigError(ValueError):
     """A bad flag or config value; the message says which and what is allowed."""
 
@@ -68,8 +65,9 @@ class RunConfig:
     workload: str = "agentic-tiny"
     agents: int | None = None  # None: the workload preset's count
     turns: int | None = None
-    path: str = "random"  # placeholder placement until the scheduler lands: pe | de | random
-    layerwise: bool = True
+    policy: str = "dualpath"  # a name from dualjax.policies.POLICIES
+    aps: float | None = None  # online mode: agents arrive as a Poisson process at this rate
+    layerwise: bool = True  # False: no layerwise prefill for any policy
     use_store: bool = True  # False: the reference run (no store, every prompt recomputed)
     snic_mbps: float | None = None  # per-host storage NIC cap, MB/s
     block_tokens: int = 64
@@ -84,8 +82,8 @@ class RunConfig:
     inject_failure: int | None = None  # test hook: this rank raises on its first request
 
     def __post_init__(self):
-        if self.path not in PATHS:
-            raise ConfigError(f"unknown path {self.path!r}; choose one of {', '.join(PATHS)}")
+        if self.aps is not None and self.aps <= 0:
+            raise ConfigError(f"--aps must be positive, got {self.aps}")
         if self.snic_mbps is not None and self.snic_mbps <= 0:
             raise ConfigError(f"--snic-mbps must be positive, got {self.snic_mbps}")
         if self.block_tokens <= 0 or self.decode_slots <= 0:

@@ -21,10 +21,17 @@ import numpy as np
 from dualjax.buffers import HostBuffer, RequestKV
 from dualjax.host import Host
 from dualjax.messages import Assign, Complete, LayerKV, PrefillDone, Ready
-from dualjax.workload import get_workload, max_context
+from dualjax.workload import load_workload, max_context
 from kvstore import block_chain
 from models import DecodeCache
 from models.prefill import DEFAULT_BUCKETS
+
+
+def decode_capacity(cfg, model_cfg) -> int:
+    """Tokens per decode slot: the workload's longest context, bucketed; the same on every run of
+    that workload, so decode programs (and hence tokens) do not depend on the run."""
+    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    return min(DEFAULT_BUCKETS.prefix(max_context(agents) + 1), model_cfg.max_seq_len)
 
 
 class _Live:
@@ -46,9 +53,7 @@ class DecodeHost(Host):
         super().__init__(transport, cfg, params)
         self.buffer = HostBuffer("DE", int(cfg.de_buffer_mb * 2**20))
         self.buffer.check_fits(self.layout.block_bytes)
-        spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
-        capacity = DEFAULT_BUCKETS.prefix(max_context(spec, self.model_cfg.vocab, cfg.workload_seed) + 1)
-        self.cache = DecodeCache(self.model_cfg, cfg.decode_slots, min(capacity, self.model_cfg.max_seq_len))
+        self.cache = DecodeCache(self.model_cfg, cfg.decode_slots, decode_capacity(cfg, self.model_cfg))
         self.live: dict[int, _Live] = {}
         self.pe_ready: dict[int, threading.Event] = collections.defaultdict(threading.Event)  # may precede admission
         self.admit_q: queue.Queue = queue.Queue()
@@ -64,6 +69,8 @@ class DecodeHost(Host):
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
+            if msg.path == "de":
+                self.pending_read_tokens += msg.hit_blocks * self.layout.block_tokens
             self.admit_q.put(msg)
         elif isinstance(msg, LayerKV):
             self.live[msg.request_id].rkv.write(msg.layer, msg.start, msg.kv)
@@ -97,6 +104,8 @@ class DecodeHost(Host):
                 hashes = [b.hash for b in live.ids[:a.hit_blocks]]
                 ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.hit_blocks], layer_major=a.layerwise)
                 self.spawn(self._relay, live, ticket, name=f"relay{a.request.id}")
+            if a.path == "de":
+                self.pending_read_tokens -= a.hit_blocks * self.layout.block_tokens
 
     def _relay(self, live: _Live, ticket) -> None:
         """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""

@@ -10,7 +10,7 @@ import shutil
 from dualjax.config import ClusterSpec, RunConfig
 from dualjax.runtime import run_embedded
 
-RUNS = (("PE path only", "pe"), ("both paths", "random"))
+RUNS = (("PE path only", "pe-only"), ("DualPath", "dualpath"))
 
 
 def _table(rows: list[tuple]) -> str:
@@ -31,16 +31,16 @@ def main(args) -> int:
     run_embedded(base.replace(snic_mbps=None, out=warm), progress=False)
     rows = [("read path", "JCT s", "tok/s", "hit", "PE SNIC MB", "DE SNIC MB", "relay MB", "paths")]
     jct = {}
-    for label, path in RUNS:
-        out = os.path.join(args.out, path)
+    for label, policy in RUNS:
+        out = os.path.join(args.out, policy)
         shutil.rmtree(out, ignore_errors=True)
-        r = run_embedded(base.replace(path=path, out=out), progress=True)
+        r = run_embedded(base.replace(policy=policy, out=out), progress=True)
         snic = {h["role"]: h["storage_bytes"] / 1e6 for h in r["hosts"]}
-        jct[path] = r["jct_s"]
+        jct[policy] = r["jct_s"]
         rows.append((label, f"{r['jct_s']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['hit_rate']:.0%}",
                      f"{snic['prefill']:.1f}", f"{snic['decode']:.1f}", f"{r['relay_bytes'] / 1e6:.1f}",
                      " ".join(f"{k}:{v}" for k, v in sorted(r["paths"].items()))))
     print(_table(rows))
-    print(f"speed-up of both paths over the PE path alone: {jct['pe'] / jct['random']:.2f}x "
+    print(f"speed-up of DualPath over the PE path alone: {jct['pe-only'] / jct['dualpath']:.2f}x "
           f"(outputs under {args.out}/)")
     return 0

@@ -1,9 +1,17 @@
-"""Rank 0: the workload driver. It builds each agent's next prompt from what the model really
-generated, asks the store how many leading blocks hit, places the request, and collects
-completions (with progress) until every agent has run all its turns."""
+"""Rank 0: the workload driver and the scheduler's host.
+
+It starts agents (all at once offline, or at their arrival times online), builds each next
+prompt from what the model really generated, asks the store how many leading blocks hit, and
+queues the request. The scheduler places queued requests (FIFO) on engines and picks the read
+path through the policy, over engine views that rank 0 keeps (requests and tokens it assigned)
+and that hosts update (their storage read queues). Progress is shown while it runs.
+"""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import heapq
 import itertools
 import time
 
@@ -11,71 +19,114 @@ import numpy as np
 from tqdm import tqdm
 
 from dualjax.config import RunConfig
-from dualjax.messages import Assign, Complete, HostStats, Request, Shutdown, StatsRequest
+from dualjax.messages import (Assign, Complete, EngineState, HostStats, PrefillFinished, Request, Shutdown,
+                              StatsRequest)
+from dualjax.policies import Policy
+from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds
 from dualjax.transport import HostFailure, Transport
-from dualjax.workload import get_workload, trajectory
+from dualjax.workload import Agent
 from kvstore import BlockStore, block_chain
 
 
 class Driver:
-    def __init__(self, transport: Transport, cfg: RunConfig, vocab: int, layout, store: BlockStore | None,
-                 placement, progress: bool = True):
-        self.transport, self.cfg, self.layout, self.store, self.placement = transport, cfg, layout, store, placement
-        self.spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
-        self.trajs = [trajectory(self.spec, a, vocab, cfg.workload_seed) for a in range(self.spec.agents)]
-        self.context = [np.zeros(0, np.int32) for _ in range(self.spec.agents)]
+    def __init__(self, transport: Transport, cfg: RunConfig, agents: list[Agent], layout, store: BlockStore | None,
+                 policy: Policy, thresholds: Thresholds, de_capacity_tokens: int | None = None, progress: bool = True):
+        self.transport, self.cfg, self.layout, self.store, self.policy = transport, cfg, layout, store, policy
+        self.agents = agents
+        self.scheduler = Scheduler(policy, thresholds)
+        c = cfg.cluster
+        self.views = {r: EngineView(r, "prefill", r) for r in c.prefill_ranks}
+        self.views.update({r: EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks})
+        self.context = [np.zeros(0, np.int32) for _ in agents]
+        self.waiting: collections.deque[RequestView] = collections.deque()
+        self.requests: dict[int, Request] = {}
         self.records: dict[int, dict] = {}
         self.ids = itertools.count()
+        self.timers: list[tuple[float, int, int]] = []  # (due, agent, turn)
         self.progress = progress
 
+    # -- requests ----------------------------------------------------------------------------------
     def _submit(self, agent: int, turn: int) -> None:
-        step = self.trajs[agent][turn]
+        step = self.agents[agent].turns[turn]
         prompt = np.concatenate([self.context[agent], step.append])
         req = Request(next(self.ids), agent, turn, prompt, step.gen_len, time.time())
         hit = 0
         if self.store is not None:
             max_hit = (len(prompt) - 1) // self.layout.block_tokens  # at least one token is computed
             hit = self.store.match_prefix([b.hash for b in block_chain(prompt, self.layout)[:max_hit]])
-        pe, de, path = self.placement.place(req, hit)
-        if self.store is None:
-            path = "none"
-        a = Assign(req, pe, de, path, hit, self.cfg.layerwise, time.time())
+        self.requests[req.id] = req
+        self.waiting.append(RequestView(req.id, agent, turn, req.prompt_len, hit * self.layout.block_tokens,
+                                        req.gen_len))
         self.records[req.id] = {"id": req.id, "agent": agent, "turn": turn, "prompt_tokens": req.prompt_len,
-                                "gen_len": req.gen_len, "planned_hit_blocks": hit, "path": path, "pe": pe, "de": de,
-                                "arrival": req.arrival, "scheduled": a.scheduled}
-        self.transport.send(pe, a)
-        self.transport.send(de, a)
+                                "gen_len": req.gen_len, "planned_hit_blocks": hit, "arrival": req.arrival}
+
+    def _dispatch(self) -> None:
+        pes = [v for v in self.views.values() if v.role == "prefill"]
+        des = [v for v in self.views.values() if v.role == "decode"]
+        for d in self.scheduler.schedule(self.waiting, pes, des):
+            r, req = d.request, self.requests[d.request.id]
+            path = d.path if self.store is not None else "none"
+            a = Assign(req, d.pe, d.de, path, r.hit_tokens // self.layout.block_tokens,
+                       self.cfg.layerwise and self.policy.layerwise, time.time())
+            self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled)
+            self._load(d.pe, 1, r.miss_tokens)
+            self._load(d.de, 1, r.total_tokens)
+            if path != "none" and r.hit_tokens:
+                reader = self.views[d.pe if path == "pe" else d.de]
+                self.views[reader.rank] = dataclasses.replace(reader, read_q_tokens=reader.read_q_tokens + r.hit_tokens)
+            self.transport.send(d.pe, a)
+            self.transport.send(d.de, a)
+
+    def _load(self, rank: int, seq: int, tokens: int) -> None:
+        v = self.views[rank]
+        free = None if v.free_tokens is None or v.role != "decode" else v.free_tokens - tokens
+        self.views[rank] = dataclasses.replace(v, seq=v.seq + seq, tokens=v.tokens + tokens, free_tokens=free)
 
     def _complete(self, msg: Complete) -> dict:
-        rec = self.records[msg.request_id]
+        rec, req = self.records[msg.request_id], self.requests.pop(msg.request_id)
         T = self.layout.block_tokens
         rec.update(hit_tokens=msg.hit_blocks * T, miss_tokens=rec["prompt_tokens"] - msg.hit_blocks * T,
                    generated=msg.tokens, **msg.times)
+        self._load(rec["de"], -1, -(req.prompt_len + req.gen_len))
         agent, turn = rec["agent"], rec["turn"]
-        self.context[agent] = np.concatenate([self.context[agent], self.trajs[agent][turn].append,
-                                              np.asarray(msg.tokens, np.int32)])
+        self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])
+        if turn + 1 < len(self.agents[agent].turns):
+            think = self.agents[agent].think_s
+            pause = np.random.default_rng([self.cfg.workload_seed, agent, turn]).exponential(think) if think else 0.0
+            heapq.heappush(self.timers, (time.time() + pause, agent, turn + 1))
         return rec
 
+    # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> tuple[list[dict], list[dict]]:
         """Drive the workload to the end; returns (request records, host stats)."""
-        total = self.spec.agents * self.spec.turns
-        for agent in range(self.spec.agents):  # offline mode: every agent starts at once
-            self._submit(agent, 0)
-        done = 0
-        with tqdm(total=total, desc=f"{self.cfg.cluster.name} {self.cfg.path}", unit="req",
+        t0 = time.time()
+        for a, agent in enumerate(self.agents):
+            heapq.heappush(self.timers, (t0 + agent.start, a, 0))
+        total, done = sum(len(a.turns) for a in self.agents), 0
+        with tqdm(total=total, desc=f"{self.cfg.cluster.name} {self.policy.name}", unit="req",
                   disable=not self.progress, leave=False) as bar:
             while done < total:
-                got = self.transport.recv(timeout=1.0)
+                while self.timers and self.timers[0][0] <= time.time():
+                    _, agent, turn = heapq.heappop(self.timers)
+                    self._submit(agent, turn)
+                self._dispatch()
+                wait = 0.5 if not self.timers else max(0.0, min(0.5, self.timers[0][0] - time.time()))
+                got = self.transport.recv(timeout=wait)
                 if got is None:
                     continue
-                _, msg = got
-                if not isinstance(msg, Complete):
+                msg = got[1]
+                if isinstance(msg, Complete):
+                    self._complete(msg)
+                    done += 1
+                    bar.update()
+                elif isinstance(msg, PrefillFinished):
+                    pe = self.records[msg.request_id]["pe"]
+                    self._load(pe, -1, -(self.records[msg.request_id]["prompt_tokens"]
+                                         - self.records[msg.request_id]["planned_hit_blocks"] * self.layout.block_tokens))
+                elif isinstance(msg, EngineState):
+                    self.views[msg.rank] = dataclasses.replace(self.views[msg.rank], read_q_tokens=msg.read_q_tokens)
+                else:
                     raise HostFailure(f"rank 0 got unexpected {type(msg).__name__}")
-                rec = self._complete(msg)
-                done += 1
-                bar.update()
-                if rec["turn"] + 1 < self.spec.turns:
-                    self._submit(rec["agent"], rec["turn"] + 1)
         return sorted(self.records.values(), key=lambda r: r["id"]), self._collect_stats()
 
     def _collect_stats(self) -> list[dict]:
@@ -84,9 +135,9 @@ class Driver:
             self.transport.send(r, StatsRequest())
         stats = []
         while len(stats) < len(others):
-            got = self.transport.recv(timeout=10.0)
+            got = self.transport.recv(timeout=30.0)
             if got is None:
-                raise HostFailure("hosts did not report their stats within 10 s")
+                raise HostFailure("hosts did not report their stats within 30 s")
             if isinstance(got[1], HostStats):
                 stats.append({"rank": got[1].rank, "role": got[1].role, **got[1].stats})
         for r in others:

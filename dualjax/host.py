@@ -14,7 +14,7 @@ import kvstore
 import models
 from dualjax.config import RunConfig
 from dualjax.layout import layout_for
-from dualjax.messages import HostStats, Shutdown, StatsRequest
+from dualjax.messages import EngineState, HostStats, Shutdown, StatsRequest
 from dualjax.transport import HostFailure, Transport
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,9 @@ class Host:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.requests_seen = 0
+        self.pending_read_tokens = 0  # hit tokens this host will read, not yet queued at its NIC
+        if self.snic:
+            self.spawn(self._report_loop, name="report")
 
     # -- threads -----------------------------------------------------------------------------------
     def spawn(self, fn, *args, name: str) -> threading.Thread:
@@ -57,6 +60,15 @@ class Host:
         print(text, file=sys.stderr, flush=True)
         self.stop.set()
         self.transport.abort(text)
+
+    def _report_loop(self, period_s: float = 0.02) -> None:
+        """Tell rank 0 this node's storage read queue whenever it changes (the scheduler balances it)."""
+        last = None
+        while not self.stop.wait(period_s):
+            q = self.snic.read_queue()[1] + self.pending_read_tokens
+            if q != last:
+                self.transport.send(0, EngineState(self.rank, q))
+                last = q
 
     def maybe_inject_failure(self) -> None:
         self.requests_seen += 1

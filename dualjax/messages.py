@@ -103,3 +103,18 @@ class HostStats:
 @dataclasses.dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineState:
+    """Host -> rank 0: its node's storage read queue (queued at the NIC or waiting for buffer room)."""
+
+    rank: int
+    read_q_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillFinished:
+    """PE -> rank 0: the request's prefill is done (its tokens leave the PE's load)."""
+
+    request_id: int

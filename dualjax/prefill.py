@@ -20,7 +20,7 @@ import numpy as np
 
 from dualjax.buffers import HostBuffer, RequestKV
 from dualjax.host import Host
-from dualjax.messages import Assign, LayerKV, PrefillDone, Ready
+from dualjax.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
 from kvstore import block_chain
 from models import Layerwise, greedy
 
@@ -65,6 +65,8 @@ class PrefillHost(Host):
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
+            if msg.path == "pe":
+                self.pending_read_tokens += msg.hit_blocks * self.layout.block_tokens
             self.admit_q.put(msg)
         elif isinstance(msg, (Ready, LayerKV)):
             self.inboxes[msg.request_id].put(msg)
@@ -85,6 +87,8 @@ class PrefillHost(Host):
             if a.path == "pe" and a.hit_blocks:
                 hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
                 ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)
+            if a.path == "pe":
+                self.pending_read_tokens -= a.hit_blocks * self.layout.block_tokens
             elif a.path == "de":
                 self.transport.send(a.de, Ready(a.request.id))
             self.work_q.put((a, rkv, ticket, nbytes))
@@ -138,6 +142,7 @@ class PrefillHost(Host):
         times = {"prefill_start": t0, "prefill_loaded": t_loaded, "prefill_end": time.time(), "restarts": restarts}
         self.busy_s += times["prefill_end"] - t0
         self.transport.send(a.de, PrefillDone(req.id, hit, first, times))
+        self.transport.send(0, PrefillFinished(req.id))
 
     def _layers(self, a: Assign, source, hit: int):
         """One pass over the layers with `hit` blocks; returns (hit, Layerwise) or (fewer, None)."""

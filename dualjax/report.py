@@ -62,7 +62,7 @@ def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-def summarize(records: list[dict], hosts: list[dict], cfg) -> dict:
+def summarize(records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
     gen = sum(len(r["generated"]) for r in records)
     prompt = sum(r["prompt_tokens"] for r in records)
     jct = max(r["done"] for r in records) - min(r["arrival"] for r in records)
@@ -78,7 +78,7 @@ def summarize(records: list[dict], hosts: list[dict], cfg) -> dict:
     return {
         "config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                    for k, v in dataclasses.asdict(cfg).items()},
-        "requests": len(records), "jct_s": jct, "generated_tokens": gen, "tokens_per_s": gen / jct if jct else None,
+        "policy": policy, "requests": len(records), "jct_s": jct, "generated_tokens": gen, "tokens_per_s": gen / jct if jct else None,
         "prompt_tokens": prompt, "hit_tokens": sum(r["hit_tokens"] for r in records),
         "hit_rate": sum(r["hit_tokens"] for r in records) / prompt if prompt else 0.0,
         "ttft_s": _stats(r["ttft"] for r in records), "ttst_s": _stats(r["ttst"] for r in records),
@@ -90,14 +90,14 @@ def summarize(records: list[dict], hosts: list[dict], cfg) -> dict:
     }
 
 
-def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg) -> dict:
+def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
     """Write requests.jsonl and report.json under `out_dir`; returns the report."""
     os.makedirs(out_dir, exist_ok=True)
     records = normalise(records)
     with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    report = summarize(records, hosts, cfg)
+    report = summarize(records, hosts, cfg, policy)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     return report

@@ -13,11 +13,13 @@ import threading
 import kvstore
 import models
 from dualjax.config import RunConfig
-from dualjax.decode import DecodeHost
+from dualjax.decode import DecodeHost, decode_capacity
 from dualjax.driver import Driver
 from dualjax.layout import layout_for
-from dualjax.placement import FlagPlacement
+from dualjax.policies import Policy, get_policy
 from dualjax.prefill import PrefillHost
+from dualjax.profile import thresholds
+from dualjax.workload import load_workload
 from dualjax.report import write_run
 from dualjax.transport import HostFailure, InProcFabric, Transport
 
@@ -37,15 +39,17 @@ def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
     return (PrefillHost if role == "prefill" else DecodeHost)(transport, cfg, params)
 
 
-def drive(transport: Transport, cfg: RunConfig, progress: bool) -> dict:
+def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy | None = None) -> dict:
     """Rank 0's part: drive the workload, then write the outputs."""
     model_cfg = models.get_config(cfg.model)
     store = open_store(cfg)
     layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
-    driver = Driver(transport, cfg, model_cfg.vocab, layout, store, FlagPlacement(cfg.cluster, cfg.path,
-                                                                                   cfg.workload_seed), progress)
+    policy = policy or get_policy(cfg.policy)
+    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    driver = Driver(transport, cfg, agents, layout, store, policy, thresholds(cfg),
+                    cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
     records, hosts = driver.run()
-    return write_run(cfg.out, records, hosts, cfg)
+    return write_run(cfg.out, records, hosts, cfg, policy.name)
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:
@@ -56,8 +60,9 @@ def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dic
     return None
 
 
-def run_embedded(cfg: RunConfig, progress: bool = True) -> dict:
-    """All ranks in this process (threads). Raises HostFailure with the failing host's traceback."""
+def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = None) -> dict:
+    """All ranks in this process (threads). `policy` (an object, e.g. from a notebook) overrides
+    `cfg.policy`. Raises HostFailure with the failing host's traceback."""
     open_store(cfg)  # fail fast on a fingerprint mismatch, before any host starts
     fabric = InProcFabric(cfg.cluster.size)
     params = models.init_params(models.get_config(cfg.model), cfg.param_seed)
@@ -66,7 +71,7 @@ def run_embedded(cfg: RunConfig, progress: bool = True) -> dict:
     for t in threads:
         t.start()
     try:
-        return drive(fabric.transport(0), cfg, progress)
+        return drive(fabric.transport(0), cfg, progress, policy)
     except HostFailure:
         raise
     except BaseException as e:

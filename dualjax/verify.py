@@ -1,8 +1,8 @@
 """`dualjax verify`: the tokens must not depend on how KV was moved.
 
 One fixed workload (tiny model, float32, 8 agents x 6 turns whose prompts cross several blocks)
-runs under PE-only, DE-only and a random path per request; layerwise on and off; embedded and
-under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
+runs under PE-only, DE-only, a random path per request and the DualPath scheduler; layerwise on
+and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
 store-backed run must produce bit-identical generated tokens, equal to the reference's.
 """
 
@@ -16,16 +16,17 @@ import time
 from dualjax.config import ClusterSpec, RunConfig
 from dualjax.runtime import run_embedded
 
-# (name, cluster, path, layerwise, launcher)
+# (name, cluster, policy, layerwise, launcher)
 RUNS = [
-    ("pe-layerwise-embedded", "1p1d", "pe", True, "embedded"),
-    ("de-layerwise-embedded", "1p1d", "de", True, "embedded"),
+    ("pe-layerwise-embedded", "1p1d", "pe-only", True, "embedded"),
+    ("de-layerwise-embedded", "1p1d", "de-only", True, "embedded"),
     ("random-layerwise-embedded", "2p1d", "random", True, "embedded"),
-    ("pe-basic-embedded", "1p1d", "pe", False, "embedded"),
-    ("de-basic-embedded", "1p2d", "de", False, "embedded"),
+    ("dualpath-layerwise-embedded", "2p2d", "dualpath", True, "embedded"),
+    ("pe-basic-embedded", "1p1d", "pe-only", False, "embedded"),
+    ("de-basic-embedded", "1p2d", "de-only", False, "embedded"),
     ("random-basic-embedded", "1p1d", "random", False, "embedded"),
-    ("pe-layerwise-mpiexec", "1p1d", "pe", True, "mpiexec"),
-    ("de-layerwise-mpiexec", "1p1d", "de", True, "mpiexec"),
+    ("pe-layerwise-mpiexec", "1p1d", "pe-only", True, "mpiexec"),
+    ("de-layerwise-mpiexec", "1p1d", "de-only", True, "mpiexec"),
     ("random-basic-mpiexec", "1p2d", "random", False, "mpiexec"),
 ]
 QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded")]
@@ -33,8 +34,7 @@ QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embe
 
 def argv_for(cfg: RunConfig) -> list[str]:
     """`dualjax run` flags that rebuild `cfg` (for the mpiexec launcher)."""
-    policy = {"pe": "pe-only", "de": "de-only", "random": "random"}[cfg.path]
-    argv = ["--cluster", cfg.cluster.name, "--model", cfg.model, "--workload", cfg.workload, "--policy", policy,
+    argv = ["--cluster", cfg.cluster.name, "--model", cfg.model, "--workload", cfg.workload, "--policy", cfg.policy,
             "--out", cfg.out, "--store", cfg.store_dir, "--block-tokens", str(cfg.block_tokens), "--quiet",
             "--layerwise" if cfg.layerwise else "--no-layerwise"]
     for flag, value in (("--agents", cfg.agents), ("--turns", cfg.turns)):
@@ -48,9 +48,9 @@ def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
         return {(r["agent"], r["turn"]): r["generated"] for r in map(json.loads, f)}
 
 
-def run_one(base: RunConfig, name: str, cluster: str, path: str, layerwise: bool, launcher: str, out: str):
+def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bool, launcher: str, out: str):
     from dualjax.cli import launch_mpi
-    cfg = base.replace(cluster=ClusterSpec.parse(cluster), path=path, layerwise=layerwise,
+    cfg = base.replace(cluster=ClusterSpec.parse(cluster), policy=policy, layerwise=layerwise,
                        out=os.path.join(out, name), store=os.path.join(out, name, "store"))
     shutil.rmtree(cfg.out, ignore_errors=True)
     if launcher == "embedded":
@@ -64,10 +64,10 @@ def verify(out: str, quick: bool = False, agents: int | None = None, turns: int 
     base = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny",
                      agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
     t0 = time.time()
-    reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe", True, "embedded", out)
+    reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", out)
     result = {"identical": True, "requests": len(reference), "runs": ["reference"], "mismatches": []}
-    for name, cluster, path, layerwise, launcher in (QUICK if quick else RUNS):
-        got = run_one(base, name, cluster, path, layerwise, launcher, out)
+    for name, cluster, policy, layerwise, launcher in (QUICK if quick else RUNS):
+        got = run_one(base, name, cluster, policy, layerwise, launcher, out)
         result["runs"].append(name)
         for key, want in reference.items():
             if got.get(key) != want:

@@ -1,16 +1,21 @@
-"""Agentic workloads (PAPER.md §6): agents that re-send their whole context every turn.
+"""Workloads: agents, each a list of turns, and when each agent starts.
 
-Turn i of an agent appends A_i new tokens (tool output) to everything so far and generates
-exactly G_i tokens; the prompt of turn i+1 is A_1, G_1, ..., A_i, G_i, A_{i+1}, where the G are
-the tokens the model really generated. The first round is random tokens, unique per agent, so
-no prefix is shared across trajectories; hits come from the agent's own earlier turns.
-Lengths are drawn around each preset's means (lognormal, `spread` = sigma), deterministic in the
-seed and the agent id.
+Agentic presets (PAPER.md §6): turn i of an agent appends A_i new tokens (tool output) to
+everything so far and generates exactly G_i tokens; the prompt of turn i+1 is
+A_1, G_1, ..., A_i, G_i, A_{i+1}, where the G are the tokens the model really generated. The
+first round is random tokens, unique per agent, so no prefix is shared across trajectories;
+hits come from the agent's own earlier turns. Lengths are drawn around each preset's means
+(lognormal, `spread` = sigma), deterministic in the seed and the agent id. Tool latency is zero
+unless `think_s` is set (an exponential pause before each later turn).
+
+Also: trajectory files (JSONL, `load_trajectories`) and Mooncake traces (`mooncake_trace`).
+Offline mode starts every agent at 0; online mode (`aps`) starts them as a Poisson process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
@@ -24,6 +29,7 @@ class WorkloadSpec:
     append: int  # mean appended tokens per later turn
     gen: int  # mean generated tokens per turn
     spread: float = 0.3  # lognormal sigma of append/gen lengths (0: exact means)
+    think_s: float = 0.0  # mean tool/think time before each later turn (0: the paper's zero latency)
 
     def __post_init__(self):
         for f in ("agents", "turns", "first_append", "append", "gen"):
@@ -72,6 +78,125 @@ def trajectory(spec: WorkloadSpec, agent: int, vocab: int, seed: int = 0) -> lis
     return turns
 
 
-def max_context(spec: WorkloadSpec, vocab: int, seed: int = 0) -> int:
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    start: float  # seconds after the run starts
+    turns: list[Turn]
+    think_s: float = 0.0
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+def agents_for(spec: WorkloadSpec, vocab: int, seed: int = 0, aps: float | None = None) -> list[Agent]:
+    """The agents of a preset: all at t=0 (offline) or Poisson arrivals at `aps` agents/s (online)."""
+    starts = np.zeros(spec.agents)
+    if aps:
+        if aps <= 0:
+            raise WorkloadError(f"--aps must be positive, got {aps}")
+        starts = np.cumsum(np.random.default_rng([seed, 7]).exponential(1.0 / aps, spec.agents))
+    return [Agent(float(t), trajectory(spec, a, vocab, seed), spec.think_s) for a, t in enumerate(starts)]
+
+
+def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
+    """Agents from a JSONL file, one agent per line:
+
+        {"start": 0.0, "turns": [{"append": [ids...]} | {"append_len": 300}, "gen": 20}, ...]}
+
+    `start` (seconds, default 0) and `think_s` are optional; `append_len` draws random ids
+    (seeded by the line number). A bad line raises WorkloadError with its line number and reason.
+    """
+    agents = []
+    with open(path) as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                agents.append(_agent_from_json(json.loads(line), vocab, np.random.default_rng([seed, n])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise WorkloadError(f"{path}:{n}: {e}") from None
+    if not agents:
+        raise WorkloadError(f"{path}: no agents")
+    return agents
+
+
+def _agent_from_json(d: dict, vocab: int, rng) -> Agent:
+    if not isinstance(d, dict) or not isinstance(d.get("turns"), list) or not d["turns"]:
+        raise ValueError("expected an object with a non-empty list 'turns'")
+    turns = []
+    for i, t in enumerate(d["turns"]):
+        if "append" in t:
+            ids = np.asarray(t["append"])
+            if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+                raise ValueError(f"turn {i}: 'append' must be a non-empty list of token ids")
+            if ids.min() < 0 or ids.max() >= vocab:
+                raise ValueError(f"turn {i}: token id {int(ids.max() if ids.max() >= vocab else ids.min())} "
+                                 f"outside the vocabulary [0, {vocab})")
+        elif isinstance(t.get("append_len"), int) and t["append_len"] > 0:
+            ids = rng.integers(0, vocab, t["append_len"])
+        else:
+            raise ValueError(f"turn {i}: needs 'append' (ids) or a positive integer 'append_len'")
+        gen = t.get("gen")
+        if not isinstance(gen, int) or gen < 1:
+            raise ValueError(f"turn {i}: 'gen' must be an integer >= 1, got {gen!r}")
+        turns.append(Turn(ids.astype(np.int32), gen))
+    start, think = float(d.get("start", 0.0)), float(d.get("think_s", 0.0))
+    if start < 0 or think < 0:
+        raise ValueError("'start' and 'think_s' must be >= 0")
+    return Agent(start, turns, think)
+
+
+MOONCAKE_BLOCK = 512
+
+
+def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: float = 1.0,
+                   length_scale: float = 1.0, seed: int = 0) -> list[Agent]:
+    """Requests of a Mooncake trace (`../shared/traces/`), each a one-turn agent.
+
+    Each 512-token `hash_id` maps to deterministic token ids (seeded by the id), so requests that
+    share leading hash ids share their prefix tokens and hence KV blocks. Arrivals are spread
+    uniformly inside each timestamp tick (the traces are quantised to ~3 s). `length_scale`
+    shrinks every block (and output) for small machines; `time_scale` compresses time.
+    """
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, start=1):
+            if limit is not None and len(rows) >= limit:
+                break
+            try:
+                r = json.loads(line)
+                rows.append((float(r["timestamp"]) / 1e3, int(r["input_length"]), int(r["output_length"]),
+                             [int(h) for h in r["hash_ids"]]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise WorkloadError(f"{path}:{n}: not a Mooncake trace record: {e}") from None
+    ticks = sorted({t for t, *_ in rows})
+    tick = min(np.diff(ticks)) if len(ticks) > 1 else 0.0
+    rng = np.random.default_rng(seed)
+    block = max(1, int(round(MOONCAKE_BLOCK * length_scale)))
+    agents = []
+    for t, n_in, n_out, hashes in rows:
+        last = n_in - MOONCAKE_BLOCK * (len(hashes) - 1)
+        ids = [np.random.default_rng([seed, h]).integers(0, vocab, block) for h in hashes]
+        ids[-1] = ids[-1][:max(1, int(round(last * length_scale)))]
+        start = (t + rng.uniform(0, tick)) * time_scale
+        agents.append(Agent(start, [Turn(np.concatenate(ids).astype(np.int32),
+                                         max(1, int(round(n_out * length_scale))))]))
+    return sorted(agents, key=lambda a: a.start)
+
+
+def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,
+                  aps: float | None = None) -> list[Agent]:
+    """A preset name, a trajectory file (*.jsonl) or `mooncake:PATH[:LIMIT]`."""
+    if name.startswith("mooncake:"):
+        parts = name.split(":")
+        return mooncake_trace(parts[1], vocab, limit=int(parts[2]) if len(parts) > 2 else agents, seed=seed,
+                              length_scale=float(parts[3]) if len(parts) > 3 else 1.0)
+    if name.endswith(".jsonl"):
+        return load_trajectories(name, vocab, seed)
+    return agents_for(get_workload(name, agents=agents, turns=turns), vocab, seed, aps)
+
+
+def max_context(agents: list[Agent]) -> int:
     """Longest context (prompt + generation) any agent reaches: sizes the decode cache."""
-    return max(sum(len(t.append) + t.gen_len for t in trajectory(spec, a, vocab, seed)) for a in range(spec.agents))
+    return max(sum(len(t.append) + t.gen_len for t in a.turns) for a in agents)

@@ -31,20 +31,21 @@ def reference(tmp_path_factory):
     return tokens
 
 
-@pytest.mark.parametrize("path,layerwise,cluster", [("pe", True, "1p1d"), ("de", True, "1p2d"),
-                                                    ("random", False, "2p1d"), ("de", False, "1p1d")])
-def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, path, layerwise, cluster):
-    report, tokens = _run(tmp_path, "run", path=path, layerwise=layerwise, cluster=ClusterSpec.parse(cluster))
+@pytest.mark.parametrize("policy,layerwise,cluster", [("pe-only", True, "1p1d"), ("de-only", True, "1p2d"),
+                                                      ("random", False, "2p1d"), ("de-only", False, "1p1d"),
+                                                      ("dualpath", True, "2p2d"), ("basic", True, "1p1d")])
+def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, layerwise, cluster):
+    report, tokens = _run(tmp_path, "run", policy=policy, layerwise=layerwise, cluster=ClusterSpec.parse(cluster))
     assert tokens == reference
     assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
-    if path == "de":
+    if policy == "de-only":
         assert report["relay_bytes"] > 0 and set(report["paths"]) == {"de"}
-    if path == "pe":
+    if policy in ("pe-only", "basic"):
         assert report["relay_bytes"] == 0
 
 
 def test_outputs_have_one_record_per_request(tmp_path):
-    report, _ = _run(tmp_path, "out", path="pe")
+    report, _ = _run(tmp_path, "out", policy="pe-only")
     lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
     assert len(lines) == report["requests"] == 9
     for r in lines:
@@ -53,10 +54,10 @@ def test_outputs_have_one_record_per_request(tmp_path):
         assert 0 <= r["arrival"] <= r["first_token"] <= r["done"]
 
 
-@pytest.mark.parametrize("path", ["pe", "de"])
-def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, path):
+@pytest.mark.parametrize("policy", ["pe-only", "de-only"])
+def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, policy):
     store = str(tmp_path / "store")
-    _run(tmp_path, "fill", path=path, store=store)
+    _run(tmp_path, "fill", policy=policy, store=store)
     files = sorted(glob.glob(os.path.join(store, "data", "*")))
     rng = np.random.default_rng(0)
     for f in rng.choice(files, len(files) // 2, replace=False):
@@ -66,7 +67,7 @@ def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, path):
             raw = bytearray(open(f, "rb").read())
             raw[len(raw) * 3 // 4] ^= 0xFF
             open(f, "wb").write(bytes(raw))
-    report, tokens = _run(tmp_path, "again", path=path, store=store)
+    report, tokens = _run(tmp_path, "again", policy=policy, store=store)
     assert report["restarts"] > 0  # the fault path really ran
     assert tokens == reference
 
@@ -107,6 +108,8 @@ def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
     (["--pe-buffer-mb", "0.01"], "cannot hold one request"),
     (["--snic-mbps", "-5"], "must be positive"),
     (["--model", "gpt-9"], "unknown model preset"),
+    (["--policy", "fastest"], "unknown policy"),
+    (["--aps", "0"], "must be positive"),
 ])
 def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])

@@ -1,0 +1,60 @@
+"""Profiled rates behind the scheduler's thresholds: a PE's prefill tokens/s on this machine and a
+storage NIC's bytes/s (its cap, or the store's measured read rate when uncapped)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import kvstore
+import models
+from dualjax.config import RunConfig
+from dualjax.layout import layout_for
+from dualjax.scheduler import Thresholds
+
+
+@functools.cache
+def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> float:
+    """New tokens per second of a layerwise prefill of `new` tokens over `cached` ones (compiled first)."""
+    cfg = models.get_config(model)
+    params = models.init_params(cfg, 0)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (1, new))
+    prefix = np.zeros((cfg.n_layers, 1, cached, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+
+    def run():
+        lw = models.Layerwise(params, cfg, tokens, prefix_len=[cached])
+        for layer in range(cfg.n_layers):
+            lw.layer(layer, prefix[layer])
+        return np.asarray(lw.logits())
+
+    run()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        run()
+    return 3 * new / (time.perf_counter() - t0)
+
+
+@functools.cache
+def store_read_bytes_per_s(store_dir: str, layout: kvstore.BlockLayout, blocks: int = 32) -> float:
+    """Read rate of Full Blocks from a scratch store beside the run's store (same disk)."""
+    parent = os.path.dirname(os.path.abspath(store_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=".profile-") as d:
+        s = kvstore.BlockStore(kvstore.local_spec(d), layout)
+        ids = kvstore.block_chain(np.arange(blocks * layout.block_tokens) % 1000, layout)
+        s.put(ids, np.ones((blocks, *layout.full_shape), layout.np_dtype))
+        s.get_prefix([b.hash for b in ids])
+        t0 = time.perf_counter()
+        s.get_prefix([b.hash for b in ids])
+        return blocks * layout.block_bytes / (time.perf_counter() - t0)
+
+
+def thresholds(cfg: RunConfig) -> Thresholds:
+    model_cfg = models.get_config(cfg.model)
+    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
+    snic = cfg.snic_mbps * 1e6 if cfg.snic_mbps else store_read_bytes_per_s(cfg.store_dir, layout)
+    return Thresholds.from_rates(snic, models.kv_bytes_per_token(model_cfg), prefill_tokens_per_s(cfg.model))

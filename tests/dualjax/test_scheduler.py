@@ -1,0 +1,108 @@
+"""The scheduler's rules (PAPER.md §7) on hand-worked cases. No MPI, no JAX."""
+
+from collections import deque
+
+import pytest
+
+from dualjax.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
+from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds
+
+TH = Thresholds(alpha_tokens=1000, beta_tokens=5000)
+
+
+def pe(rank, tokens=0, rq=0, node=None, seq=0):
+    return EngineView(rank, "prefill", rank if node is None else node, seq, tokens, rq)
+
+
+def de(rank, tokens=0, rq=0, node=None, seq=0, free=None):
+    return EngineView(rank, "decode", rank if node is None else node, seq, tokens, rq, free)
+
+
+def req(i=0, prompt=1000, hit=900, gen=100):
+    return RequestView(i, i, 0, prompt, hit, gen)
+
+
+S = Scheduler(DualPath(), TH)
+
+
+def test_pe_prefers_short_read_queue_then_fewest_tokens():
+    # 1: over beta, dropped. 2: C3 (queue 1500 > alpha) though fewest tokens. 3, 4: C2 -> min tokens = 4.
+    pes = [pe(1, tokens=6000), pe(2, tokens=10, rq=1500), pe(3, tokens=300, rq=10), pe(4, tokens=200, rq=900)]
+    assert S.pick_pe(req(), pes) == 4
+
+
+def test_pe_falls_back_to_long_queues_and_waits_when_all_are_busy():
+    assert S.pick_pe(req(), [pe(1, tokens=900, rq=5000), pe(2, tokens=100, rq=2000)]) == 2
+    assert S.pick_pe(req(), [pe(1, tokens=5001), pe(2, tokens=9000)]) is None
+
+
+def test_de_picks_lightest_group_then_z_rule():
+    # Node 10 has 1000 tokens in all, node 20 has 300: node 20. Inside it, len(r) = 1100,
+    # Z = 1.05 * (1100 + 300) / 2 = 735: no DE is under Z (100+1100, 200+1100), so min tokens -> 5.
+    des = [de(3, tokens=500, node=10), de(4, tokens=500, node=10), de(5, tokens=100, node=20),
+           de(6, tokens=200, node=20)]
+    assert S.pick_de(req(), des) == 5
+    # Two DEs under Z: the one with fewer requests wins even with more tokens.
+    # len(r) = 110; Z = 1.05 * (110 + 100 + 120 + 5000) / 3 = 1865.5: 7 (seq 3) and 8 (seq 1) are under.
+    des = [de(7, tokens=100, seq=3, node=1), de(8, tokens=120, seq=1, node=1), de(9, tokens=5000, node=1)]
+    assert S.pick_de(req(prompt=100, hit=50, gen=10), des) == 8
+
+
+def test_de_needs_memory_for_the_whole_request():
+    des = [de(3, tokens=0, free=500, node=1), de(4, tokens=900, free=2000, node=1)]
+    assert S.pick_de(req(prompt=1000, gen=100), des) == 4  # 3 is lighter but cannot hold 1100 tokens
+    assert S.pick_de(req(prompt=3000, gen=100), des) is None
+
+
+def test_dualpath_reads_on_the_side_with_the_shorter_queue():
+    p = DualPath()
+    assert p.path(req(), pe(1, rq=100), de(2, rq=50)) == "de"
+    assert p.path(req(), pe(1, rq=50), de(2, rq=100)) == "pe"
+    assert p.path(req(), pe(1, rq=70), de(2, rq=70)) == "pe"
+
+
+def test_schedule_is_fifo_updates_loads_and_stops_at_the_first_misfit():
+    waiting = deque([req(0, prompt=1000, hit=900), req(1, prompt=1000, hit=900), req(2, prompt=10**6, hit=0)])
+    out = S.schedule(waiting, [pe(1)], [de(2, free=5000)])
+    # r0: queues 0 vs 0 -> PE reads (PE queue 900). r1: PE 900 > DE 0 -> DE reads. r2 needs 1e6+100 tokens of
+    # DE memory: it waits, and so would anything behind it.
+    assert [(d.request.id, d.pe, d.de, d.path) for d in out] == [(0, 1, 2, "pe"), (1, 1, 2, "de")]
+    assert [r.id for r in waiting] == [2]
+
+
+def test_schedule_spreads_requests_over_engines_by_tokens():
+    out = S.schedule(deque(req(i, prompt=1000, hit=0) for i in range(4)), [pe(1), pe(2)], [de(3), de(4)])
+    assert [d.pe for d in out] == [1, 2, 1, 2]
+    assert sorted(d.de for d in out[:2]) == [3, 4]
+
+
+def test_thresholds_come_from_rates():
+    th = Thresholds.from_rates(snic_bytes_per_s=1e9, kv_bytes_per_token=1e5, prefill_tokens_per_s=2000)
+    assert th.alpha_tokens == pytest.approx(30000) and th.beta_tokens == pytest.approx(10000)
+
+
+def test_policies_by_name_and_custom_ones():
+    assert set(POLICIES) >= {"basic", "pe-only", "de-only", "round-robin", "dualpath"}
+    assert get_policy("basic").layerwise is False and get_policy("dualpath").layerwise is True
+    with pytest.raises(KeyError, match="dualpath"):
+        get_policy("fastest")
+    rr = RoundRobin()
+    assert [rr.path(req(), pe(1), de(2)) for _ in range(4)] == ["pe", "de", "pe", "de"]
+    r = get_policy("random")
+    assert [r.path(req(i), pe(1), de(2)) for i in range(8)] == [r.path(req(i), pe(1), de(2)) for i in range(8)]
+
+    class Sideways(Policy):
+        name = "sideways"
+
+        def path(self, request, pe, de):
+            return "left"
+
+    with pytest.raises(ValueError, match="sideways"):
+        Scheduler(Sideways(), TH).schedule(deque([req()]), [pe(1)], [de(2)])
+
+    class Pinned(DualPath):
+        def engines(self, request, pes, des):
+            return 2, 4
+
+    out = Scheduler(Pinned(), TH).schedule(deque([req()]), [pe(1), pe(2)], [de(3), de(4)])
+    assert (out[0].pe, out[0].de) == (2, 4)
