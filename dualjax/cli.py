@@ -3,7 +3,8 @@
     dualjax demo [--quick]                      the main job: a small agentic run, PE-only vs dual-path
     dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
     dualjax verify --json FILE                  bit-identical tokens across paths, modes and launchers
-    dualjax bench {model,kvstore,relay,layerwise} [--json FILE]
+    dualjax report DIR... [--png FILE]          compare runs in one table and one figure
+    dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 BENCHES = {"model": "benchmarks.model", "kvstore": "benchmarks.kvstore", "relay": "benchmarks.relay",
-           "layerwise": "benchmarks.layerwise"}
+           "layerwise": "benchmarks.layerwise", "e2e": "benchmarks.e2e"}
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("--json", metavar="FILE")
     ver.add_argument("--out", default="runs/verify")
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
+    rep = sub.add_parser("report", help="compare runs in one table and one figure")
+    rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
+    rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
     sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
     args = parser.parse_args(argv)
     from dualjax.config import ConfigError
@@ -140,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "verify":
             from dualjax.verify import main as verify_main
             return verify_main(args)
-    except (ConfigError, KeyError, ValueError, StoreError) as e:  # bad flags, presets, stores: one clear line
+        if args.command == "report":
+            from dualjax.compare import main as report_main
+            return report_main(args)
+    except (ConfigError, KeyError, ValueError, StoreError, FileNotFoundError) as e:  # bad flags, presets, stores: one clear line
         print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 2

@@ -1,9 +1,10 @@
-"""Run outputs: `requests.jsonl` (one line per request) and `report.json` (run metrics).
+"""Run outputs: `requests.jsonl` (one line per request), `report.json` (run metrics) and plots.
 
 Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT, tokens/s,
-TTFT / TTST / TPOT (mean, p50, p99), hit rate, path decisions, and per host the storage bytes,
-busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes read in time
-windows, averaged over the windows where any host read.
+TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
+storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
+read in time windows, averaged over the windows where any host read. Plots: `storage.png`
+(storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-def summarize(records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
+def summarize(records: list[dict], hosts: list[dict], cfg, policy: str, slo: tuple[float, float]) -> dict:
     gen = sum(len(r["generated"]) for r in records)
     prompt = sum(r["prompt_tokens"] for r in records)
     jct = max(r["done"] for r in records) - min(r["arrival"] for r in records)
@@ -83,6 +84,8 @@ def summarize(records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
         "hit_rate": sum(r["hit_tokens"] for r in records) / prompt if prompt else 0.0,
         "ttft_s": _stats(r["ttft"] for r in records), "ttst_s": _stats(r["ttst"] for r in records),
         "tpot_s": _stats(r["tpot"] for r in records),
+        "slo": {"ttft_s": slo[0], "tpot_s": slo[1], "attained": float(np.mean(
+            [r["ttft"] <= slo[0] and (r["tpot"] is None or r["tpot"] <= slo[1]) for r in records]))},
         "paths": dict(collections.Counter(r["path"] for r in records)),
         "restarts": sum(r.get("restarts", 0) for r in records),
         "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
@@ -90,14 +93,23 @@ def summarize(records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
     }
 
 
-def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str) -> dict:
-    """Write requests.jsonl and report.json under `out_dir`; returns the report."""
+def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str,
+              slo: tuple[float, float] = (4.0, 0.050)) -> dict:
+    """Write requests.jsonl, report.json and the plots under `out_dir`; returns the report."""
     os.makedirs(out_dir, exist_ok=True)
+    t0 = min(r["arrival"] for r in records)
+    for h in hosts:  # storage series on the run's clock: seconds since the first arrival
+        if h.get("snic_series") is not None:
+            shift = h["snic"]["wall0"] - t0
+            h["snic_series"] = [(t + shift, b) for t, b in h["snic_series"] if t + shift >= 0] or [(0.0, 0)]
     records = normalise(records)
     with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    report = summarize(records, hosts, cfg, policy)
+    report = summarize(records, hosts, cfg, policy, slo)
+    report["storage_series"] = {f"{h['role']}{h['rank']}": h["snic_series"] for h in hosts if h.get("snic_series")}
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
+    from dualjax.plots import plot_run
+    plot_run(out_dir, report, records)
     return report

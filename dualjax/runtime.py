@@ -19,7 +19,7 @@ from dualjax.layout import layout_for
 from dualjax.policies import Policy, get_policy
 from dualjax.prefill import PrefillHost
 from dualjax.profile import thresholds
-from dualjax.workload import load_workload
+from dualjax.workload import load_workload, slo_for
 from dualjax.report import write_run
 from dualjax.transport import HostFailure, InProcFabric, Transport
 
@@ -49,7 +49,7 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     driver = Driver(transport, cfg, agents, layout, store, policy, thresholds(cfg),
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
     records, hosts = driver.run()
-    return write_run(cfg.out, records, hosts, cfg, policy.name)
+    return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload))
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:

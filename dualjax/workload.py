@@ -30,6 +30,8 @@ class WorkloadSpec:
     gen: int  # mean generated tokens per turn
     spread: float = 0.3  # lognormal sigma of append/gen lengths (0: exact means)
     think_s: float = 0.0  # mean tool/think time before each later turn (0: the paper's zero latency)
+    slo_ttft_s: float = 4.0  # online-mode SLO (PAPER.md §6); CPU presets scale it
+    slo_tpot_s: float = 0.050
 
     def __post_init__(self):
         for f in ("agents", "turns", "first_append", "append", "gen"):
@@ -39,9 +41,14 @@ class WorkloadSpec:
 
 PRESETS: dict[str, WorkloadSpec] = {
     # Tests and `dualjax verify`: prompts cross several 64-token blocks within a few turns.
-    "agentic-tiny": WorkloadSpec("agentic-tiny", agents=8, turns=6, first_append=150, append=40, gen=10),
+    "agentic-tiny": WorkloadSpec("agentic-tiny", agents=8, turns=6, first_append=150, append=40, gen=10,
+                                 slo_ttft_s=4.0, slo_tpot_s=0.25),
     # Demo and CPU benchmarks on the `small` model: long context, short appends, short answers.
-    "agentic-small": WorkloadSpec("agentic-small", agents=8, turns=8, first_append=1024, append=96, gen=16),
+    "agentic-small": WorkloadSpec("agentic-small", agents=8, turns=8, first_append=1024, append=96, gen=16,
+                                  slo_ttft_s=8.0, slo_tpot_s=0.5),  # CPU: SLO scaled ~10x for TPOT
+    # `dualjax bench e2e`: agentic-small with short appends and answers, so storage dominates on CPU.
+    "agentic-e2e": WorkloadSpec("agentic-e2e", agents=8, turns=6, first_append=1024, append=64, gen=8,
+                                slo_ttft_s=8.0, slo_tpot_s=0.5),
     # The paper's datasets (PAPER.md §6 table): mean turns, append and generation per turn.
     "paper-32k": WorkloadSpec("paper-32k", agents=64, turns=60, first_append=2048, append=608, gen=148),
     "paper-48k": WorkloadSpec("paper-48k", agents=64, turns=106, first_append=2048, append=474, gen=172),
@@ -183,6 +190,12 @@ def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: 
         agents.append(Agent(start, [Turn(np.concatenate(ids).astype(np.int32),
                                          max(1, int(round(n_out * length_scale))))]))
     return sorted(agents, key=lambda a: a.start)
+
+
+def slo_for(name: str) -> tuple[float, float]:
+    """(TTFT, TPOT) SLO in seconds: the preset's, else the paper's 4 s and 50 ms."""
+    spec = PRESETS.get(name)
+    return (spec.slo_ttft_s, spec.slo_tpot_s) if spec else (4.0, 0.050)
 
 
 def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,

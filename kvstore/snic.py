@@ -86,6 +86,7 @@ class StorageNIC:
         self.busy_s = 0.0
         self.counters = collections.Counter()
         self._t0 = clock()
+        self.wall0 = time.time()  # wall-clock time of `series` time 0, to line series up across hosts
         self.series: list[tuple[float, int]] = []  # (seconds since start, cumulative bytes read)
         self._thread = threading.Thread(target=self._run, name=f"snic-{name}", daemon=True)
         self._thread.start()
@@ -178,7 +179,7 @@ class StorageNIC:
     def stats(self) -> dict:
         with self._cond:
             busy = self.busy_s + (self.clock() - self._busy_since if self._busy_since is not None else 0.0)
-            return {"name": self.name, "cap_bytes_per_s": self.cap, "busy_s": busy,
+            return {"name": self.name, "cap_bytes_per_s": self.cap, "busy_s": busy, "wall0": self.wall0,
                     "elapsed_s": self.clock() - self._t0, **self.counters}
 
     def close(self) -> None:

@@ -1,0 +1,65 @@
+"""Plots of runs (matplotlib, written as PNG): storage bandwidth per host, TTFT CDF, JCT per run."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _bandwidth(series, window_s: float):
+    """(window centres, MB/s) from (time, cumulative bytes) points."""
+    if not series:
+        return np.zeros(0), np.zeros(0)
+    t, b = np.array([p[0] for p in series]), np.array([p[1] for p in series], float)
+    edges = np.arange(0.0, t[-1] + window_s, window_s)
+    cum = np.interp(edges, t, b, left=0.0)
+    return edges[1:] - window_s / 2, np.diff(cum) / window_s / 1e6
+
+
+def plot_run(out_dir: str, report: dict, records: list[dict]) -> None:
+    """storage.png and ttft_cdf.png for one run."""
+    series = report.get("storage_series", {})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    window = max(0.05, report["jct_s"] / 60)
+    for host, s in sorted(series.items()):
+        x, y = _bandwidth(s, window)
+        ax.plot(x, y, label=host)
+    ax.set(xlabel="time since the run started (s)", ylabel="storage read (MB/s)",
+           title=f"{report['policy']}: storage read bandwidth per host ({window:.2f} s windows)")
+    if series:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "storage.png"), dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    _cdf(ax, [r["ttft"] for r in records], report["policy"])
+    ax.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="time to first token")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "ttft_cdf.png"), dpi=100)
+    plt.close(fig)
+
+
+def _cdf(ax, values, label) -> None:
+    v = np.sort(np.asarray(values, float))
+    ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
+
+
+def plot_compare(path: str, runs: list[tuple[str, dict, list[dict]]]) -> None:
+    """One figure comparing runs: JCT per run and TTFT CDFs."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [n for n, _, _ in runs]
+    a.bar(range(len(runs)), [r["jct_s"] for _, r, _ in runs], color="tab:blue")
+    a.set_xticks(range(len(runs)), names, rotation=30, ha="right")
+    a.set(ylabel="job completion time (s)", title="JCT per run")
+    for name, _, records in runs:
+        _cdf(b, [r["ttft"] for r in records], name)
+    b.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="TTFT CDF")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
