@@ -129,3 +129,37 @@ def test_cluster_spec_roles():
         (6, [1, 2], [3, 4, 5], "scheduler", "prefill", "decode")
     with pytest.raises(ConfigError):
         c.role(6)
+
+
+def test_report_compares_runs_and_plots(tmp_path, capsys):
+    for policy in ("pe-only", "dualpath"):
+        _run(tmp_path, policy, policy=policy, agents=2, turns=2, cluster=ClusterSpec.parse("1p2d"))
+    png = tmp_path / "cmp.png"
+    rc = cli.main(["report", str(tmp_path / "pe-only"), str(tmp_path / "dualpath"), "--png", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0 and png.stat().st_size > 1000 and "dualpath" in out and "pe-only" in out
+    for name in ("storage.png", "ttft_cdf.png"):
+        assert (tmp_path / "dualpath" / name).stat().st_size > 1000
+    report = json.load(open(tmp_path / "dualpath" / "report.json"))
+    assert 0.0 <= report["slo"]["attained"] <= 1.0 and report["policy"] == "dualpath"
+
+
+def test_online_mode_and_trajectory_file_run(tmp_path, reference):
+    path = tmp_path / "agents.jsonl"
+    path.write_text("\n".join(json.dumps({"start": 0.2 * i, "turns": [{"append_len": 100, "gen": 3},
+                                                                       {"append_len": 20, "gen": 3}]})
+                              for i in range(3)))
+    report, tokens = _run(tmp_path, "file", workload=str(path), policy="dualpath")
+    assert report["requests"] == 6 and len(tokens) == 6
+    report, _ = _run(tmp_path, "online", aps=5.0, agents=3, turns=2)
+    records = [json.loads(x) for x in open(tmp_path / "online" / "requests.jsonl")]
+    assert max(r["arrival"] for r in records if r["turn"] == 0) > 0.05  # agents really arrived over time
+
+
+@pytest.mark.slow
+def test_e2e_benchmark_quick(tmp_path):
+    from benchmarks import e2e
+    result = e2e.main(["--quick", "--out", str(tmp_path / "e2e"), "--json", str(tmp_path / "e2e.json")])
+    assert set(result["speedup"]) == {"1p1d", "1p2d"}
+    assert result["speedup"]["1p1d"] > 1.2  # storage-bound: the second path must pay off
+    assert all(os.path.exists(p) for p in result["plots"])
