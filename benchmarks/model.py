@@ -21,8 +21,9 @@ log = logging.getLogger("benchmarks.model")
 def bench_prefill(params, cfg, cached: int, new: int) -> dict:
     rng = np.random.default_rng(0)
     prefix = None
-    if cached:
-        _, prefix = models.prefill(params, cfg, rng.integers(0, cfg.vocab, (1, cached)))
+    for start in range(0, cached, 1024):  # in chunks: one long prefill holds an S x S score matrix
+        _, kv = models.prefill(params, cfg, rng.integers(0, cfg.vocab, (1, min(1024, cached - start))), prefix)
+        prefix = kv if prefix is None else jnp.concatenate([prefix, kv], axis=2)
     tokens = rng.integers(0, cfg.vocab, (1, new))
     seconds = timeit(lambda: models.prefill(params, cfg, tokens, prefix), repeats=3)
     flops = models.prefill_flops(cfg, new, cached)
@@ -66,7 +67,8 @@ def main(argv=None) -> dict:
         log.info("decode batch=%d: %.0f tok/s", batch, decode[-1]["tokens_per_s"])
     best = max(p["flops_per_s"] for p in prefill)
     result = {
-        "benchmark": "model", "model": cfg.name, "machine": machine(),
+        "benchmark": "model", "model": cfg.name, "machine": machine(), "param_bytes": models.param_bytes(cfg),
+        "kv_bytes_per_token": models.kv_bytes_per_token(cfg),
         "matmul_gflops": peak / 1e9,
         "prefill": prefill, "decode": decode,
         "prefill_fraction_of_matmul_peak": best / peak,

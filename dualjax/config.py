@@ -77,6 +77,7 @@ class RunConfig:
     pe_buffer_mb: float = 512.0
     de_buffer_mb: float = 512.0
     decode_slots: int = 8
+    prefill_chunk: int = 2048  # most new tokens one prefill pass computes (bounds attention memory)
     store: str | None = None  # directory; default <out>/store
     out: str = "runs/latest"
     inject_failure: int | None = None  # test hook: this rank raises on its first request
@@ -86,8 +87,8 @@ class RunConfig:
             raise ConfigError(f"--aps must be positive, got {self.aps}")
         if self.snic_mbps is not None and self.snic_mbps <= 0:
             raise ConfigError(f"--snic-mbps must be positive, got {self.snic_mbps}")
-        if self.block_tokens <= 0 or self.decode_slots <= 0:
-            raise ConfigError("block_tokens and decode_slots must be positive")
+        if min(self.block_tokens, self.decode_slots, self.prefill_chunk) <= 0:
+            raise ConfigError("block_tokens, decode_slots and prefill_chunk must be positive")
         for name in ("pe_buffer_mb", "de_buffer_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -47,7 +47,7 @@ class _Live:
 
 
 class DecodeHost(Host):
-    role = "decode"
+    role, reads_on = "decode", "de"
 
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
@@ -69,8 +69,7 @@ class DecodeHost(Host):
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
-            if msg.path == "de":
-                self.pending_read_tokens += msg.hit_blocks * self.layout.block_tokens
+            self.expect_read(msg)
             self.admit_q.put(msg)
         elif isinstance(msg, LayerKV):
             self.live[msg.request_id].rkv.write(msg.layer, msg.start, msg.kv)
@@ -88,11 +87,7 @@ class DecodeHost(Host):
 
     # -- admission and the DE read path -----------------------------------------------------------
     def _admit_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                a: Assign = self.admit_q.get(timeout=0.1)
-            except queue.Empty:
-                continue
+        for a in self.drain(self.admit_q):
             self.maybe_inject_failure()
             nbytes = RequestKV.nbytes(self.layout, a.request.prompt_len)
             if not self.buffer.reserve(nbytes, self.stop):
@@ -104,8 +99,7 @@ class DecodeHost(Host):
                 hashes = [b.hash for b in live.ids[:a.hit_blocks]]
                 ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.hit_blocks], layer_major=a.layerwise)
                 self.spawn(self._relay, live, ticket, name=f"relay{a.request.id}")
-            if a.path == "de":
-                self.pending_read_tokens -= a.hit_blocks * self.layout.block_tokens
+            self.expect_read(a, -1)
 
     def _relay(self, live: _Live, ticket) -> None:
         """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""
@@ -182,11 +176,7 @@ class DecodeHost(Host):
         self.write_q.put(("complete", live, None, 0))
 
     def _write_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                kind, what, blocks, release = self.write_q.get(timeout=0.1)
-            except queue.Empty:
-                continue
+        for kind, what, blocks, release in self.drain(self.write_q):
             if kind == "put":
                 if what:
                     self.store.put(what, blocks)

@@ -4,6 +4,7 @@ threads whose exceptions end the whole job (never a hang)."""
 from __future__ import annotations
 
 import logging
+import queue
 import sys
 import threading
 import traceback
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 class Host:
     role = "host"
+    reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads
 
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.transport, self.cfg, self.rank = transport, cfg, transport.rank
@@ -60,6 +62,20 @@ class Host:
         print(text, file=sys.stderr, flush=True)
         self.stop.set()
         self.transport.abort(text)
+
+    def drain(self, q: queue.Queue):
+        """Items of `q`, as they come, until the host stops."""
+        while not self.stop.is_set():
+            try:
+                yield q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def expect_read(self, a, sign: int = 1) -> None:
+        """Count (sign=1) or uncount (-1) the hit tokens of `a` that this host will read but has not
+        queued at its NIC yet: they are part of the read queue the scheduler sees."""
+        if a.path == self.reads_on:
+            self.pending_read_tokens += sign * a.hit_blocks * self.layout.block_tokens
 
     def _report_loop(self, period_s: float = 0.02) -> None:
         """Tell rank 0 this node's storage read queue whenever it changes (the scheduler balances it)."""

@@ -82,13 +82,6 @@ class Complete:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostError:
-    rank: int
-    role: str
-    traceback: str
-
-
-@dataclasses.dataclass(frozen=True)
 class StatsRequest:
     pass
 

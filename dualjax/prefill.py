@@ -5,8 +5,10 @@ storage NIC (PE read path) or receive them layer by layer from the DE (DE read p
 layer run `Layerwise.layer` over the hit KV and send the layer's KV to the DE: hit **and** miss
 tokens on the PE path, only the miss tokens on the DE path (PAPER.md §3). With layerwise
 prefill the layer-l+1 KV is still arriving while layer l computes; without it (the Basic
-baseline) everything is loaded first. If a block turns out bad mid-way (fewer valid blocks
-than planned), the request restarts with fewer hit blocks and still yields the reference tokens.
+baseline) everything is loaded first. Long miss spans are computed in chunks of at most
+`prefill_chunk` tokens, so attention memory stays bounded. If a block turns out bad mid-way
+(fewer valid blocks than planned), the request restarts with fewer hit blocks and still yields
+the reference tokens.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class _Inbox:
 
 
 class PrefillHost(Host):
-    role = "prefill"
+    role, reads_on = "prefill", "pe"
 
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
@@ -65,8 +67,7 @@ class PrefillHost(Host):
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
-            if msg.path == "pe":
-                self.pending_read_tokens += msg.hit_blocks * self.layout.block_tokens
+            self.expect_read(msg)
             self.admit_q.put(msg)
         elif isinstance(msg, (Ready, LayerKV)):
             self.inboxes[msg.request_id].put(msg)
@@ -75,11 +76,7 @@ class PrefillHost(Host):
 
     def _admit_loop(self) -> None:
         """FIFO admission: reserve buffer room, start the storage read or tell the DE to relay."""
-        while not self.stop.is_set():
-            try:
-                a: Assign = self.admit_q.get(timeout=0.1)
-            except queue.Empty:
-                continue
+        for a in self.drain(self.admit_q):
             nbytes = a.hit_blocks * self.layout.block_bytes
             if not self.buffer.reserve(nbytes, self.stop):
                 return
@@ -87,18 +84,13 @@ class PrefillHost(Host):
             if a.path == "pe" and a.hit_blocks:
                 hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
                 ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)
-            if a.path == "pe":
-                self.pending_read_tokens -= a.hit_blocks * self.layout.block_tokens
-            elif a.path == "de":
+            elif a.path == "de":  # the DE reads; tell it we have room for its relay
                 self.transport.send(a.de, Ready(a.request.id))
+            self.expect_read(a, -1)
             self.work_q.put((a, rkv, ticket, nbytes))
 
     def _work_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                a, rkv, ticket, nbytes = self.work_q.get(timeout=0.1)
-            except queue.Empty:
-                continue
+        for a, rkv, ticket, nbytes in self.drain(self.work_q):
             self.maybe_inject_failure()
             try:
                 self._prefill(a, rkv, ticket)
@@ -124,7 +116,7 @@ class PrefillHost(Host):
         return from_store, (lambda: ticket.wait()) if ticket else (lambda: None)
 
     def _prefill(self, a: Assign, rkv: RequestKV, ticket) -> None:
-        req, T, L = a.request, self.layout.block_tokens, self.layout.n_layers
+        req = a.request
         t0 = time.time()
         inbox = self.inboxes[req.id]
         inbox.wait(lambda: inbox.ready, self.stop)  # our KV goes into the DE's buffer: wait for its room
@@ -134,37 +126,48 @@ class PrefillHost(Host):
         t_loaded = time.time()
         hit, restarts = a.hit_blocks, 0
         while True:
-            hit, done = self._layers(a, source, hit)
-            if done is not None:
+            hit, last = self._compute(a, source, hit)
+            if last is not None:
                 break
             restarts += 1
-        first = int(np.asarray(greedy(done.logits()[0, -1])))
+        first = int(np.asarray(greedy(last.logits()[0, -1])))
         times = {"prefill_start": t0, "prefill_loaded": t_loaded, "prefill_end": time.time(), "restarts": restarts}
         self.busy_s += times["prefill_end"] - t0
         self.transport.send(a.de, PrefillDone(req.id, hit, first, times))
         self.transport.send(0, PrefillFinished(req.id))
 
-    def _layers(self, a: Assign, source, hit: int):
-        """One pass over the layers with `hit` blocks; returns (hit, Layerwise) or (fewer, None)."""
-        req, T = a.request, self.layout.block_tokens
-        lw = Layerwise(self.params, self.model_cfg, req.tokens[None, hit * T:], prefix_len=[hit * T])
-        previous = None
-        for layer in range(self.layout.n_layers):
-            valid, prefix = source(layer)
-            if a.path != "none" and valid < hit:
-                return valid, None
-            kv = lw.layer(layer, prefix[None, :hit * T])  # dispatched; runs while we send the previous layer
-            if previous is not None:
-                self._send_layer(a, hit, *previous)
-            previous = (layer, prefix, kv)
-        self._send_layer(a, hit, *previous)
+    def _compute(self, a: Assign, source, hit: int):
+        """The miss tokens over `hit` blocks, in chunks of at most `prefill_chunk` tokens (each over
+        the hits and the chunks before it, so attention memory stays bounded), each chunk layer by
+        layer. Returns (hit, Layerwise of the last chunk), or (fewer hit blocks, None) when a block
+        turned out bad: the caller starts again with fewer."""
+        req, L = a.request, self.layout.n_layers
+        start = hit * self.layout.block_tokens
+        done: list[list[np.ndarray]] = [[] for _ in range(L)]  # per layer: KV of the chunks computed
+        for c0 in range(start, req.prompt_len, self.cfg.prefill_chunk):
+            c1 = min(c0 + self.cfg.prefill_chunk, req.prompt_len)
+            lw = Layerwise(self.params, self.model_cfg, req.tokens[None, c0:c1], prefix_len=[c0])
+            previous = None
+            for layer in range(L):
+                valid, hit_kv = source(layer)
+                if a.path != "none" and valid < hit:
+                    return valid, None
+                prefix = np.concatenate([hit_kv[:start], *done[layer]]) if done[layer] else hit_kv[:start]
+                kv = lw.layer(layer, prefix[None])  # dispatched; runs while we send the previous layer
+                if previous is not None:
+                    done[layer - 1].append(self._send_layer(a, start, c0, *previous))
+                previous = (layer, hit_kv, kv)
+            done[L - 1].append(self._send_layer(a, start, c0, *previous))
         return hit, lw
 
-    def _send_layer(self, a: Assign, hit: int, layer: int, prefix, kv) -> None:
-        T = self.layout.block_tokens
-        if a.path != "de" and hit:  # PE path: the hit tokens' KV goes to the DE too
-            self.transport.send(a.de, LayerKV(a.request.id, layer, 0, np.ascontiguousarray(prefix[:hit * T])))
-        self.transport.send(a.de, LayerKV(a.request.id, layer, hit * T, np.asarray(kv[0])))
+    def _send_layer(self, a: Assign, start: int, c0: int, layer: int, hit_kv, kv) -> np.ndarray:
+        """Send a chunk's layer KV to the DE (and, on the PE path with the first chunk, the hit
+        tokens' KV too); returns the chunk's KV as a host array."""
+        if a.path != "de" and start and c0 == start:
+            self.transport.send(a.de, LayerKV(a.request.id, layer, 0, np.ascontiguousarray(hit_kv[:start])))
+        miss = np.asarray(kv[0])
+        self.transport.send(a.de, LayerKV(a.request.id, layer, c0, miss))
+        return miss
 
     def stats(self) -> dict:
         return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak}

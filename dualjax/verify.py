@@ -36,6 +36,7 @@ def argv_for(cfg: RunConfig) -> list[str]:
     """`dualjax run` flags that rebuild `cfg` (for the mpiexec launcher)."""
     argv = ["--cluster", cfg.cluster.name, "--model", cfg.model, "--workload", cfg.workload, "--policy", cfg.policy,
             "--out", cfg.out, "--store", cfg.store_dir, "--block-tokens", str(cfg.block_tokens), "--quiet",
+            "--prefill-chunk", str(cfg.prefill_chunk),
             "--layerwise" if cfg.layerwise else "--no-layerwise"]
     for flag, value in (("--agents", cfg.agents), ("--turns", cfg.turns)):
         if value is not None:

@@ -32,8 +32,6 @@ class ReadTicket:
         self.layers_done = 0
         self._cond = threading.Condition()
         self.error: BaseException | None = None
-        self.t_submit = time.monotonic()
-        self.t_done: float | None = None
 
     def _batches(self, batch_bytes: int):
         """(first block, end block, layers) in read order: layer-major or block-major, with
@@ -60,8 +58,6 @@ class ReadTicket:
     def _advance(self, layers_done: int, valid: int) -> None:
         with self._cond:
             self.layers_done, self.valid = max(self.layers_done, layers_done), min(self.valid, valid)
-            if self.layers_done >= self.store.layout.n_layers:
-                self.t_done = time.monotonic()
             self._cond.notify_all()
 
     def _fail(self, e: BaseException) -> None:

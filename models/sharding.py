@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
-from models.params import Decl, map_decls
+from models.params import map_decls
 
 LOGICAL_RULES: dict[str, str | None] = {
     "batch": None,
@@ -45,15 +45,6 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh):
     return map_decls(lambda _, d: NamedSharding(mesh, logical_to_spec(d.shape, d.axes, mesh)), cfg)
 
 
-def kv_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
-    """Sharding of a KV array [L, B, S, 2, K, H]: kv heads over "tp" when divisible."""
-    axes = (None, "batch", None, None, "kv_heads", None)
-    shape = (1, 1, 1, 2, cfg.n_kv_heads, cfg.head_dim)
-    return NamedSharding(mesh, logical_to_spec(shape, axes, mesh))
-
-
 def shard_params(params, cfg: ModelConfig, mesh: Mesh):
     return jax.device_put(params, param_shardings(cfg, mesh))
 
-
-__all__ = ["Decl", "LOGICAL_RULES", "make_mesh", "logical_to_spec", "param_shardings", "kv_sharding", "shard_params"]

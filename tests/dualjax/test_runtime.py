@@ -44,6 +44,11 @@ def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, 
         assert report["relay_bytes"] == 0
 
 
+def test_chunked_prefill_gives_the_reference_tokens(tmp_path, reference):
+    report, tokens = _run(tmp_path, "chunked", policy="de-only", prefill_chunk=48)  # 150-token first turns: 4 chunks
+    assert tokens == reference
+
+
 def test_outputs_have_one_record_per_request(tmp_path):
     report, _ = _run(tmp_path, "out", policy="pe-only")
     lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
