@@ -40,7 +40,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory for requests.jsonl and report.json")
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--decode-slots", type=int, default=8)
-    p.add_argument("--prefill-chunk", type=int, default=2048, help="most new tokens per prefill pass")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="most new tokens of a request per prefill pass")
+    p.add_argument("--compute-quota-ms", type=float, default=300.0,
+                   help="predicted prefill time a PE packs into one pass (default 300)")
     p.add_argument("--pe-buffer-mb", type=float, default=512.0)
     p.add_argument("--de-buffer-mb", type=float, default=512.0)
     p.add_argument("--seed", type=int, default=0, help="workload seed")
@@ -53,7 +55,8 @@ def config_from_args(args):
     return RunConfig(cluster=ClusterSpec.parse(args.cluster), model=args.model, workload=args.workload,
                      agents=args.agents, turns=args.turns, policy=args.policy, aps=args.aps, layerwise=args.layerwise,
                      use_store=not args.no_store, snic_mbps=args.snic_mbps, block_tokens=args.block_tokens,
-                     decode_slots=args.decode_slots, prefill_chunk=args.prefill_chunk, pe_buffer_mb=args.pe_buffer_mb, de_buffer_mb=args.de_buffer_mb,
+                     decode_slots=args.decode_slots, prefill_chunk=args.prefill_chunk,
+                     compute_quota_ms=args.compute_quota_ms, pe_buffer_mb=args.pe_buffer_mb, de_buffer_mb=args.de_buffer_mb,
                      workload_seed=args.seed, store=args.store, out=args.out, inject_failure=args.inject_failure)
 
 

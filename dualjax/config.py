@@ -77,7 +77,8 @@ class RunConfig:
     pe_buffer_mb: float = 512.0
     de_buffer_mb: float = 512.0
     decode_slots: int = 8
-    prefill_chunk: int = 2048  # most new tokens one prefill pass computes (bounds attention memory)
+    prefill_chunk: int = 2048  # most new tokens of one request in one prefill pass (bounds attention memory)
+    compute_quota_ms: float = 300.0  # predicted prefill time a PE packs into one pass (PAPER.md §7)
     store: str | None = None  # directory; default <out>/store
     out: str = "runs/latest"
     inject_failure: int | None = None  # test hook: this rank raises on its first request
@@ -87,8 +88,8 @@ class RunConfig:
             raise ConfigError(f"--aps must be positive, got {self.aps}")
         if self.snic_mbps is not None and self.snic_mbps <= 0:
             raise ConfigError(f"--snic-mbps must be positive, got {self.snic_mbps}")
-        if min(self.block_tokens, self.decode_slots, self.prefill_chunk) <= 0:
-            raise ConfigError("block_tokens, decode_slots and prefill_chunk must be positive")
+        if min(self.block_tokens, self.decode_slots, self.prefill_chunk, self.compute_quota_ms) <= 0:
+            raise ConfigError("block_tokens, decode_slots, prefill_chunk and compute_quota_ms must be positive")
         for name in ("pe_buffer_mb", "de_buffer_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

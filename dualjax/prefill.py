@@ -1,14 +1,16 @@
-"""The prefill host (PE): computes the miss tokens of each request layer by layer.
+"""The prefill host (PE): computes the miss tokens of requests layer by layer.
 
 Per request, FIFO: reserve PE buffer room; then either read the hit blocks itself through its
-storage NIC (PE read path) or receive them layer by layer from the DE (DE read path); for each
-layer run `Layerwise.layer` over the hit KV and send the layer's KV to the DE: hit **and** miss
-tokens on the PE path, only the miss tokens on the DE path (PAPER.md §3). With layerwise
-prefill the layer-l+1 KV is still arriving while layer l computes; without it (the Basic
-baseline) everything is loaded first. Long miss spans are computed in chunks of at most
-`prefill_chunk` tokens, so attention memory stays bounded. If a block turns out bad mid-way
-(fewer valid blocks than planned), the request restarts with fewer hit blocks and still yields
-the reference tokens.
+storage NIC (PE read path) or receive them layer by layer from the DE (DE read path). Prefill
+runs in passes: each packs ready requests FIFO while the predicted prefill time (a fit profiled
+on this engine) stays within the compute quota, chunking the request that would overflow
+(PAPER.md §7), and computes them as rows of one layerwise prefill. For each layer it sends each
+row's KV to its DE: hit **and** miss tokens on the PE path, only the miss tokens on the DE path
+(PAPER.md §3). With layerwise prefill the layer-l+1 KV is still arriving while layer l
+computes; without it (the Basic baseline) a request waits until its whole prefix is loaded. A
+request's chunks hold at most `prefill_chunk` tokens, which bounds attention memory. If a block
+turns out bad mid-way (fewer valid blocks than planned), that request restarts with fewer hit
+blocks and still yields the reference tokens.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import time
 
 import numpy as np
 
+from dualjax.batching import Work, pack
 from dualjax.buffers import HostBuffer, RequestKV
 from dualjax.host import Host
 from dualjax.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
+from dualjax.profile import attention_fit
 from kvstore import block_chain
 from models import Layerwise, greedy
 
@@ -51,6 +55,22 @@ class _Inbox:
                 self.cond.wait(0.1)
 
 
+class _Row:
+    """A request on this PE from admission until its prefill is done: what it reads from, how many
+    hit blocks it uses, and the KV of the chunks computed so far (per layer, host arrays)."""
+
+    def __init__(self, a: Assign, rkv: RequestKV, ticket, nbytes: int, source, loaded):
+        self.a, self.rkv, self.ticket, self.nbytes, self.source, self.loaded = a, rkv, ticket, nbytes, source, loaded
+        self.restarts, self.t_pass = 0, None
+        self.restart(a.hit_blocks, rkv.layout, count=False)
+
+    def restart(self, hit: int, layout, count: bool = True) -> None:
+        self.hit, self.start = hit, hit * layout.block_tokens
+        self.next = self.start  # first token not computed yet
+        self.done: list[list[np.ndarray]] = [[] for _ in range(layout.n_layers)]
+        self.restarts += count
+
+
 class PrefillHost(Host):
     role, reads_on = "prefill", "pe"
 
@@ -62,6 +82,7 @@ class PrefillHost(Host):
         self.admit_q: queue.Queue = queue.Queue()
         self.work_q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
+        self.fit = attention_fit(cfg.model)
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._work_loop, name="worker")
 
@@ -90,16 +111,30 @@ class PrefillHost(Host):
             self.work_q.put((a, rkv, ticket, nbytes))
 
     def _work_loop(self) -> None:
-        for a, rkv, ticket, nbytes in self.drain(self.work_q):
-            self.maybe_inject_failure()
+        """Prefill passes: each packs the ready requests FIFO within the compute quota (the one
+        that overflows gets a chunk) and computes them as rows of one layerwise prefill."""
+        rows: list[_Row] = []
+        while not self.stop.is_set():
             try:
-                self._prefill(a, rkv, ticket)
-            finally:
-                self.buffer.release(nbytes)
-                self.inboxes.pop(a.request.id, None)
+                while True:  # take what was admitted; wait a little only when idle
+                    a, rkv, ticket, nbytes = self.work_q.get(timeout=0.05 if not rows else 0.0)
+                    self.maybe_inject_failure()
+                    rows.append(_Row(a, rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket)))
+            except queue.Empty:
+                pass
+            ready = [r for r in rows if self.inboxes[r.a.request.id].ready and (r.a.layerwise or r.loaded())]
+            if not ready:
+                time.sleep(0.002)
+                continue
+            plan = pack([Work(r, r.next, r.a.request.prompt_len - r.next) for r in ready], self.fit,
+                        self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk)
+            for r in self._pass([(w.key, n) for w, n in plan]):
+                rows.remove(r)
+                self.buffer.release(r.nbytes)
+                self.inboxes.pop(r.a.request.id, None)
 
     def _layer_source(self, a: Assign, rkv: RequestKV, ticket):
-        """fn(layer) -> (valid blocks, hit KV [planned*T, 2, K, H]) for this request's path."""
+        """(fn(layer) -> (valid blocks, hit KV [planned*T, 2, K, H]), fn() -> all loaded?) for this path."""
         T, inbox = self.layout.block_tokens, self.inboxes[a.request.id]
 
         def from_store(layer):
@@ -112,62 +147,61 @@ class PrefillHost(Host):
             return msg.valid, msg.kv
 
         if a.path == "de" and a.hit_blocks:
-            return from_relay, lambda: inbox.wait(lambda: len(inbox.layers) == self.layout.n_layers, self.stop)
-        return from_store, (lambda: ticket.wait()) if ticket else (lambda: None)
+            return from_relay, lambda: len(inbox.layers) == self.layout.n_layers
+        return from_store, (lambda: ticket.layers_done >= self.layout.n_layers) if ticket else (lambda: True)
 
-    def _prefill(self, a: Assign, rkv: RequestKV, ticket) -> None:
-        req = a.request
-        t0 = time.time()
-        inbox = self.inboxes[req.id]
-        inbox.wait(lambda: inbox.ready, self.stop)  # our KV goes into the DE's buffer: wait for its room
-        source, wait_all = self._layer_source(a, rkv, ticket)
-        if not a.layerwise:
-            wait_all()  # Basic: the whole prefix is loaded before any compute
-        t_loaded = time.time()
-        hit, restarts = a.hit_blocks, 0
-        while True:
-            hit, last = self._compute(a, source, hit)
-            if last is not None:
-                break
-            restarts += 1
-        first = int(np.asarray(greedy(last.logits()[0, -1])))
-        times = {"prefill_start": t0, "prefill_loaded": t_loaded, "prefill_end": time.time(), "restarts": restarts}
-        self.busy_s += times["prefill_end"] - t0
-        self.transport.send(a.de, PrefillDone(req.id, hit, first, times))
-        self.transport.send(0, PrefillFinished(req.id))
-
-    def _compute(self, a: Assign, source, hit: int):
-        """The miss tokens over `hit` blocks, in chunks of at most `prefill_chunk` tokens (each over
-        the hits and the chunks before it, so attention memory stays bounded), each chunk layer by
-        layer. Returns (hit, Layerwise of the last chunk), or (fewer hit blocks, None) when a block
-        turned out bad: the caller starts again with fewer."""
-        req, L = a.request, self.layout.n_layers
-        start = hit * self.layout.block_tokens
-        done: list[list[np.ndarray]] = [[] for _ in range(L)]  # per layer: KV of the chunks computed
-        for c0 in range(start, req.prompt_len, self.cfg.prefill_chunk):
-            c1 = min(c0 + self.cfg.prefill_chunk, req.prompt_len)
-            lw = Layerwise(self.params, self.model_cfg, req.tokens[None, c0:c1], prefix_len=[c0])
-            previous = None
+    def _pass(self, plan: list[tuple["_Row", int]]) -> list["_Row"]:
+        """One prefill pass over (row, new tokens) pairs; returns the rows whose prefill finished.
+        A bad block found on the way restarts that row with fewer hit blocks and drops the pass."""
+        L, (K, H) = self.layout.n_layers, self.layout.layer_shape[2:]
+        toks = np.zeros((len(plan), max(n for _, n in plan)), np.int32)
+        for b, (r, n) in enumerate(plan):
+            toks[b, :n] = r.a.request.tokens[r.next:r.next + n]
+            r.t_pass = r.t_pass or time.time()
+        lw = Layerwise(self.params, self.model_cfg, toks, prefix_len=[r.next for r, _ in plan])
+        fresh: list[list[np.ndarray]] = [[] for _ in plan]  # per row: this pass's KV, by layer
+        previous = None
+        for layer in range(L):
+            prefix = np.zeros((len(plan), max(r.next for r, _ in plan), 2, K, H), self.layout.np_dtype)
+            hits = []
+            for b, (r, _) in enumerate(plan):
+                valid, hit_kv = r.source(layer)
+                if r.a.path != "none" and valid < r.hit:
+                    r.restart(valid, self.layout)
+                    return []
+                prefix[b, :r.next] = np.concatenate([hit_kv[:r.start], *r.done[layer]])
+                hits.append(hit_kv)
+            kv = lw.layer(layer, prefix)  # dispatched; runs while we send the previous layer
+            if previous is not None:
+                self._send_layer(plan, fresh, *previous)
+            previous = (layer, hits, kv)
+        self._send_layer(plan, fresh, *previous)
+        logits, finished = None, []
+        for b, (r, n) in enumerate(plan):
             for layer in range(L):
-                valid, hit_kv = source(layer)
-                if a.path != "none" and valid < hit:
-                    return valid, None
-                prefix = np.concatenate([hit_kv[:start], *done[layer]]) if done[layer] else hit_kv[:start]
-                kv = lw.layer(layer, prefix[None])  # dispatched; runs while we send the previous layer
-                if previous is not None:
-                    done[layer - 1].append(self._send_layer(a, start, c0, *previous))
-                previous = (layer, hit_kv, kv)
-            done[L - 1].append(self._send_layer(a, start, c0, *previous))
-        return hit, lw
+                r.done[layer].append(fresh[b][layer])
+            r.next += n
+            if r.next == r.a.request.prompt_len:
+                logits = lw.logits() if logits is None else logits
+                self._finish(r, int(np.asarray(greedy(logits[b, n - 1]))))
+                finished.append(r)
+        return finished
 
-    def _send_layer(self, a: Assign, start: int, c0: int, layer: int, hit_kv, kv) -> np.ndarray:
-        """Send a chunk's layer KV to the DE (and, on the PE path with the first chunk, the hit
-        tokens' KV too); returns the chunk's KV as a host array."""
-        if a.path != "de" and start and c0 == start:
-            self.transport.send(a.de, LayerKV(a.request.id, layer, 0, np.ascontiguousarray(hit_kv[:start])))
-        miss = np.asarray(kv[0])
-        self.transport.send(a.de, LayerKV(a.request.id, layer, c0, miss))
-        return miss
+    def _send_layer(self, plan, fresh, layer: int, hits, kv) -> None:
+        """Send each row's layer KV to its DE (on the PE path with a row's first chunk, the hit
+        tokens' KV too) and keep it as host arrays in `fresh`."""
+        for b, (r, n) in enumerate(plan):
+            if r.a.path != "de" and r.start and r.next == r.start:
+                self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, 0, np.ascontiguousarray(hits[b][:r.start])))
+            miss = np.asarray(kv[b, :n])
+            self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, r.next, miss))
+            fresh[b].append(miss)
+
+    def _finish(self, r: "_Row", first: int) -> None:
+        times = {"prefill_start": r.t_pass, "prefill_end": time.time(), "restarts": r.restarts}
+        self.busy_s += times["prefill_end"] - r.t_pass
+        self.transport.send(r.a.de, PrefillDone(r.a.request.id, r.hit, first, times))
+        self.transport.send(0, PrefillFinished(r.a.request.id))
 
     def stats(self) -> dict:
         return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak}

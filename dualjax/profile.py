@@ -1,5 +1,6 @@
-"""Profiled rates behind the scheduler's thresholds: a PE's prefill tokens/s on this machine and a
-storage NIC's bytes/s (its cap, or the store's measured read rate when uncapped)."""
+"""Profiles measured on this machine at start-up: a PE's prefill tokens/s and a storage NIC's
+bytes/s (its cap, or the store's measured read rate when uncapped) behind the scheduler's
+thresholds, and the prefill-time fit behind the PE's intra-engine batching."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import numpy as np
 
 import kvstore
 import models
+from dualjax.batching import AttentionFit
 from dualjax.config import RunConfig
 from dualjax.layout import layout_for
 from dualjax.scheduler import Thresholds
 
 
-@functools.cache
-def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> float:
-    """New tokens per second of a layerwise prefill of `new` tokens over `cached` ones (compiled first)."""
+def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3) -> float:
+    """Median seconds of a layerwise prefill of `new` tokens over `cached` ones (compiled first)."""
     cfg = models.get_config(model)
-    params = models.init_params(cfg, 0)
+    params = _params(model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (1, new))
     prefix = np.zeros((cfg.n_layers, 1, cached, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
 
@@ -32,10 +33,30 @@ def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> floa
         return np.asarray(lw.logits())
 
     run()
-    t0 = time.perf_counter()
-    for _ in range(3):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
         run()
-    return 3 * new / (time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+@functools.cache
+def _params(model: str):
+    return models.init_params(models.get_config(model), 0)
+
+
+@functools.cache
+def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> float:
+    """New tokens per second of a layerwise prefill of `new` tokens over `cached` ones."""
+    return new / _prefill_seconds(model, cached, new)
+
+
+@functools.cache
+def attention_fit(model: str) -> AttentionFit:
+    """Prefill time as a function of (cached, new), fitted on a small grid measured here."""
+    grid = [(0, 256), (0, 1024), (1024, 256), (2048, 512), (2048, 1024)]
+    return AttentionFit.fit([(c, n, _prefill_seconds(model, c, n)) for c, n in grid])
 
 
 @functools.cache

@@ -1,0 +1,67 @@
+"""PE intra-engine batching (PAPER.md §7): pack requests FIFO into one prefill pass while the
+predicted attention time stays within a compute quota; the request that would overflow is
+chunked, its chunk size found by binary search. Pure Python: no MPI, no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFit:
+    """Predicted seconds to prefill `new` tokens over `cached` ones on one engine:
+    a * new * (cached + new / 2) + b * new + c (attention, then linear work, then overhead)."""
+
+    a: float
+    b: float
+    c: float
+
+    def predict(self, cached: int, new: int) -> float:
+        return self.a * new * (cached + new / 2) + self.b * new + self.c
+
+    @classmethod
+    def fit(cls, samples: list[tuple[int, int, float]]) -> "AttentionFit":
+        """Least squares over (cached, new, seconds) samples; coefficients clipped at 0."""
+        x = np.array([[n * (c + n / 2), n, 1.0] for c, n, _ in samples])
+        y = np.array([s for _, _, s in samples])
+        coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
+        return cls(*map(float, coef))
+
+
+@dataclasses.dataclass
+class Work:
+    """A request's remaining prefill: `cached` tokens are already prefix, `remaining` still to compute."""
+
+    key: object
+    cached: int
+    remaining: int
+
+
+def pack(queue: list[Work], fit: AttentionFit, quota_s: float, max_chunk: int, min_chunk: int = 16):
+    """[(work, tokens)] for the next pass, FIFO. A request that does not fit whole gets the largest
+    chunk that does (binary search) and closes the batch; the first request always gets at least
+    `min_chunk` tokens, so every pass makes progress."""
+    batch, total = [], 0.0
+    for w in queue:
+        n = min(w.remaining, max_chunk)
+        t = fit.predict(w.cached, n)
+        if total + t <= quota_s:
+            batch.append((w, n))
+            total += t
+            continue
+        lo, hi = 0, n
+        while lo < hi:  # largest chunk whose predicted time still fits
+            mid = (lo + hi + 1) // 2
+            if total + fit.predict(w.cached, mid) <= quota_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo:
+            batch.append((w, lo))
+        elif not batch:
+            batch.append((w, min(n, min_chunk)))
+        break
+    return batch
