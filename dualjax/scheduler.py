@@ -5,8 +5,9 @@ read queue; the scheduler places requests from the global FIFO queue:
 
 * PE: drop engines with tokens > beta; C2 = the rest whose node read queue <= alpha, C3 = those
   above; take min tokens in C2, else in C3; neither -> stop (the request waits).
-* DE, two levels: the DE group (node) with the smallest total tokens; inside it,
-  Z = 1.05 * (len(r) + sum of tokens) / |E|; among DEs with memory for r prefer
+* DE, two levels: the DE group (node) with the smallest total tokens; inside it, R = the
+  longest head of the waiting queue (from r on) that fits the group's free memory and
+  Z = 1.05 * (sum of len over R + sum of tokens) / |E|; among DEs with memory for r prefer
   tokens + len(r) <= Z, picking min seq, else min tokens; none with memory -> stop.
 * Read path: the policy decides (DualPath: the side whose node has the shorter read queue).
 
@@ -83,7 +84,7 @@ class Scheduler:
             r = waiting[0]
             forced = self.policy.engines(r, list(pes.values()), list(des.values()))
             pe = forced[0] if forced else self.pick_pe(r, pes.values())
-            de = forced[1] if forced else self.pick_de(r, des.values())
+            de = forced[1] if forced else self.pick_de(r, des.values(), waiting)
             if pe is None or de is None:
                 break
             waiting.popleft()
@@ -110,7 +111,8 @@ class Scheduler:
         pool = c2 or c3
         return min(pool, key=lambda e: (e.tokens, e.rank)).rank if pool else None
 
-    def pick_de(self, r: RequestView, des) -> int | None:
+    def pick_de(self, r: RequestView, des, queue=()) -> int | None:
+        """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""
         groups: dict[int, list[EngineView]] = {}
         for e in des:
             groups.setdefault(e.node, []).append(e)
@@ -121,7 +123,13 @@ class Scheduler:
         fits = [e for e in group if e.free_tokens is None or e.free_tokens >= need]
         if not fits:
             return None
-        z = 1.05 * (need + sum(e.tokens for e in group)) / len(group)
+        free = None if any(e.free_tokens is None for e in group) else sum(e.free_tokens for e in group)
+        head = 0  # total tokens of R: the longest head of the queue that fits the group's free memory
+        for q in (list(queue) or [r]):
+            if free is not None and head + q.total_tokens > free:
+                break
+            head += q.total_tokens
+        z = 1.05 * (max(head, need) + sum(e.tokens for e in group)) / len(group)
         under = [e for e in fits if e.tokens + need <= z]
         if under:
             return min(under, key=lambda e: (e.seq, e.rank)).rank

@@ -48,6 +48,17 @@ def test_de_picks_lightest_group_then_z_rule():
     assert S.pick_de(req(prompt=100, hit=50, gen=10), des) == 8
 
 
+def test_de_z_threshold_looks_ahead_over_the_queue_head_that_fits():
+    # Free memory 3000 + 3000: of the queue [1100, 1100, 1100, 5000] the head that fits is the
+    # first three (3300 tokens). Z = 1.05 * (3300 + 1000 + 0) / 2 = 2257.5: DE 7 (1000 + 1100 = 2100)
+    # is under Z and has fewer requests than DE 8, so it wins over the lighter DE 8.
+    des = [de(7, tokens=1000, seq=0, node=1, free=3000), de(8, tokens=0, seq=2, node=1, free=3000)]
+    queue = [req(i, prompt=1000, gen=100) for i in range(3)] + [req(3, prompt=4900, gen=100)]
+    assert S.pick_de(queue[0], des, queue) == 7
+    # Without the lookahead (R = r alone) Z = 1.05 * (1100 + 1000) / 2 = 1102.5: only DE 8 is under it.
+    assert S.pick_de(queue[0], des, queue[:1]) == 8
+
+
 def test_de_needs_memory_for_the_whole_request():
     des = [de(3, tokens=0, free=500, node=1), de(4, tokens=900, free=2000, node=1)]
     assert S.pick_de(req(prompt=1000, gen=100), des) == 4  # 3 is lighter but cannot hold 1100 tokens
