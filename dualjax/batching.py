@@ -1,6 +1,7 @@
 """PE intra-engine batching (PAPER.md §7): pack requests FIFO into one prefill pass while the
-predicted attention time stays within a compute quota; the request that would overflow is
-chunked, its chunk size found by binary search. Pure Python: no MPI, no JAX.
+predicted time stays within a compute quota; the request that would overflow is chunked, its
+chunk size found by binary search. Passes here run rows padded to a common shape (no ragged
+attention on CPU), so the prediction is that of the padded batch. Pure Python: no MPI, no JAX.
 """
 
 from __future__ import annotations
@@ -41,21 +42,22 @@ class Work:
 
 
 def pack(queue: list[Work], fit: AttentionFit, quota_s: float, max_chunk: int, min_chunk: int = 16):
-    """[(work, tokens)] for the next pass, FIFO. A request that does not fit whole gets the largest
-    chunk that does (binary search) and closes the batch; the first request always gets at least
-    `min_chunk` tokens, so every pass makes progress."""
-    batch, total = [], 0.0
+    """[(work, tokens)] for the next pass, FIFO. A pass runs its rows padded to its longest prefix
+    and longest chunk, so a batch of B rows is predicted to take B * fit(max cached, max new).
+    A request that does not fit whole gets the largest chunk that does (binary search) and closes
+    the batch; the first request always gets at least `min_chunk` tokens, so every pass progresses."""
+    batch: list[tuple[Work, int]] = []
+    cost = lambda c, n: (len(batch) + 1) * fit.predict(max([c] + [w.cached for w, _ in batch]),  # noqa: E731
+                                                        max([n] + [k for _, k in batch]))
     for w in queue:
         n = min(w.remaining, max_chunk)
-        t = fit.predict(w.cached, n)
-        if total + t <= quota_s:
+        if cost(w.cached, n) <= quota_s:
             batch.append((w, n))
-            total += t
             continue
         lo, hi = 0, n
-        while lo < hi:  # largest chunk whose predicted time still fits
+        while lo < hi:  # largest chunk whose predicted batch time still fits
             mid = (lo + hi + 1) // 2
-            if total + fit.predict(w.cached, mid) <= quota_s:
+            if cost(w.cached, mid) <= quota_s:
                 lo = mid
             else:
                 hi = mid - 1

@@ -122,7 +122,7 @@ class PrefillHost(Host):
                     rows.append(_Row(a, rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket)))
             except queue.Empty:
                 pass
-            ready = [r for r in rows if self.inboxes[r.a.request.id].ready and (r.a.layerwise or r.loaded())]
+            ready = self._ready(rows)
             if not ready:
                 time.sleep(0.002)
                 continue
@@ -132,6 +132,13 @@ class PrefillHost(Host):
                 rows.remove(r)
                 self.buffer.release(r.nbytes)
                 self.inboxes.pop(r.a.request.id, None)
+
+    def _ready(self, rows: list["_Row"]) -> list["_Row"]:
+        """Rows a pass can take, FIFO: the DE must have room. The oldest may still be loading
+        (layerwise: it computes layer l as layer l arrives); later ones join only fully loaded,
+        so a pass never waits for reads queued behind its own rows'."""
+        ready = [r for r in rows if self.inboxes[r.a.request.id].ready]
+        return [r for i, r in enumerate(ready) if r.loaded() or (i == 0 and r.a.layerwise)]
 
     def _layer_source(self, a: Assign, rkv: RequestKV, ticket):
         """(fn(layer) -> (valid blocks, hit KV [planned*T, 2, K, H]), fn() -> all loaded?) for this path."""

@@ -15,8 +15,18 @@ def test_fit_recovers_the_model():
 
 def test_whole_requests_are_packed_fifo_within_the_quota():
     q = [Work("a", 0, 100), Work("b", 0, 100), Work("c", 0, 100)]
-    # a and b take 0.030 s; in the 0.001 s left, c gets 9 tokens (9e-4 + 4.05e-5 s); 10 would take 0.00105.
-    assert [(w.key, n) for w, n in pack(q, FIT, quota_s=0.031, max_chunk=4096)] == [("a", 100), ("b", 100), ("c", 9)]
+    # a: 0.015 s; a + b: 2 * 0.015 = 0.030 s; any chunk of c pads to 100 tokens: 3 * 0.015 > 0.031.
+    assert [(w.key, n) for w, n in pack(q, FIT, quota_s=0.031, max_chunk=4096)] == [("a", 100), ("b", 100)]
+
+
+def test_padded_batch_cost_decides_the_chunk():
+    # y1, y2: 64 tokens over 1000 cached, 1e-6*64*1032 + 6.4e-3 = 0.072448 s each: 2 rows = 0.1449 s.
+    # x (0 cached, 1024 new) pads to 1000 cached: 3 * fit(1000, m) <= 0.3 needs fit(1000, m) <= 0.1,
+    # i.e. 5e-7 m^2 + 1.1e-3 m <= 0.1: m = 87 (0.09948 s); 88 takes 0.10067 s.
+    q = [Work("y1", 1000, 64), Work("y2", 1000, 64), Work("x", 0, 1024)]
+    assert [(w.key, n) for w, n in pack(q, FIT, quota_s=0.3, max_chunk=4096)] == [("y1", 64), ("y2", 64), ("x", 87)]
+    # Alone, x's first chunk solves 5e-7 n^2 + 1e-4 n <= 0.3: n = 681 (0.29998 s); 682 takes 0.30076 s.
+    assert [n for _, n in pack([Work("x", 0, 1024)], FIT, quota_s=0.3, max_chunk=4096)] == [681]
 
 
 def test_the_overflowing_request_is_chunked_by_binary_search():
