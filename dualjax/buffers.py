@@ -25,8 +25,8 @@ class HostBuffer:
 
     def check_fits(self, nbytes: int) -> None:
         if nbytes > self.budget:
-            raise BufferTooSmall(f"{self.name} buffer of {self.budget / 2**20:.1f} MiB cannot hold one request of "
-                                 f"{nbytes / 2**20:.1f} MiB; raise --{self.name.lower()}-buffer-mb")
+            raise BufferTooSmall(f"{self.name} buffer of {self.budget / 2**20:.2f} MiB cannot hold one request of "
+                                 f"{nbytes / 2**20:.2f} MiB; raise --{self.name.lower()}-buffer-mb")
 
     def reserve(self, nbytes: int, stop: threading.Event | None = None) -> bool:
         """Wait (FIFO) until `nbytes` fit, then take them. False if `stop` was set meanwhile."""

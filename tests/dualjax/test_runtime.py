@@ -49,6 +49,16 @@ def test_chunked_prefill_gives_the_reference_tokens(tmp_path, reference):
     assert tokens == reference
 
 
+def test_requests_that_do_not_fit_the_buffers_wait_and_are_not_dropped(tmp_path, reference):
+    # tiny blocks are 32 KiB and prompts here need up to 5 (160 KiB) at the DE and 4 hit blocks at the
+    # PE: budgets of 0.25 / 0.2 MiB hold about one request each, so the others must wait for room.
+    report, tokens = _run(tmp_path, "tight", policy="dualpath", de_buffer_mb=0.25, pe_buffer_mb=0.2,
+                          cluster=ClusterSpec.parse("1p1d"))
+    assert tokens == reference
+    peaks = {h["role"]: h["buffer_peak_bytes"] for h in report["hosts"]}
+    assert 4 * 32768 <= peaks["decode"] <= 0.25 * 2**20 and peaks["prefill"] <= 0.2 * 2**20
+
+
 def test_outputs_have_one_record_per_request(tmp_path):
     report, _ = _run(tmp_path, "out", policy="pe-only")
     lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
