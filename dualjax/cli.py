@@ -4,6 +4,7 @@
     dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
     dualjax verify --json FILE                  bit-identical tokens across paths, modes and launchers
     dualjax report DIR... [--png FILE]          compare runs in one table and one figure
+    dualjax plan --gpus-per-node 8 ...          the P/D ratio window for given hardware
     dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -105,6 +107,18 @@ def cmd_run(args, argv: list[str]) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from dualjax.planner import pd_window
+    w = pd_window(args.gpus_per_node, args.snic_per_node, args.cnic_gbps, args.dram_gbs, args.snic_gbps)
+    print(f"P/D window: {w.min_p_over_d} ({float(w.min_p_over_d):.3f}) <= P/D <= {w.max_p_over_d} "
+          f"({float(w.max_p_over_d):.3f})")
+    print(f"  lower bound set by {w.binding_min}; upper bound set by {' and '.join(w.binding)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(w.to_json(), f, indent=1)
+    return 0
+
+
 def summary_line(report: dict) -> str:
     return (f"{report['config']['cluster']['prefill']}p{report['config']['cluster']['decode']}d "
             f"{report['policy']}: {report['requests']} requests  JCT {report['jct_s']:.2f} s  {report['tokens_per_s']:.1f} tok/s  "
@@ -132,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("--json", metavar="FILE")
     ver.add_argument("--out", default="runs/verify")
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
+    plan = sub.add_parser("plan", help="the P/D ratio window of PAPER.md §8 for given hardware")
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--snic-per-node", type=float, default=1.0)
+    plan.add_argument("--snic-gbps", type=float, help="Gbit/s per storage NIC (default: --cnic-gbps)")
+    plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
+    plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")
+    plan.add_argument("--json", metavar="FILE")
     rep = sub.add_parser("report", help="compare runs in one table and one figure")
     rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
     rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
@@ -148,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "verify":
             from dualjax.verify import main as verify_main
             return verify_main(args)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "report":
             from dualjax.compare import main as report_main
             return report_main(args)
