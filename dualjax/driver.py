@@ -119,10 +119,9 @@ class Driver:
                     self._complete(msg)
                     done += 1
                     bar.update()
-                elif isinstance(msg, PrefillFinished):
-                    pe = self.records[msg.request_id]["pe"]
-                    self._load(pe, -1, -(self.records[msg.request_id]["prompt_tokens"]
-                                         - self.records[msg.request_id]["planned_hit_blocks"] * self.layout.block_tokens))
+                elif isinstance(msg, PrefillFinished):  # the miss tokens leave the PE's load
+                    rec = self.records[msg.request_id]
+                    self._load(rec["pe"], -1, rec["planned_hit_blocks"] * self.layout.block_tokens - rec["prompt_tokens"])
                 elif isinstance(msg, EngineState):
                     self.views[msg.rank] = dataclasses.replace(self.views[msg.rank], read_q_tokens=msg.read_q_tokens)
                 else:
