@@ -66,12 +66,11 @@ def validate(cfg) -> None:
     """Fail fast, before any process starts: presets exist, buffers hold a block, the store matches."""
     import models
     from dualjax.buffers import HostBuffer
-    from dualjax.layout import layout_for
-    from dualjax.runtime import open_store
+    from dualjax.layout import open_store, run_layout
     from dualjax.policies import get_policy
     from dualjax.workload import load_workload
     model_cfg = models.get_config(cfg.model)
-    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
+    layout = run_layout(cfg)
     get_policy(cfg.policy)
     load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
     HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)

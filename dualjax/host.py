@@ -14,7 +14,7 @@ import jax
 import kvstore
 import models
 from dualjax.config import RunConfig
-from dualjax.layout import layout_for
+from dualjax.layout import open_store, run_layout
 from dualjax.messages import EngineState, HostStats, Shutdown, StatsRequest
 from dualjax.transport import HostFailure, Transport
 
@@ -28,13 +28,13 @@ class Host:
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.transport, self.cfg, self.rank = transport, cfg, transport.rank
         self.model_cfg = models.get_config(cfg.model)
-        self.layout = layout_for(self.model_cfg, cfg.block_tokens, cfg.hash_seed)
+        self.layout = run_layout(cfg)
         if params is None:
             params = models.init_params(self.model_cfg, cfg.param_seed)
             if len(jax.local_devices()) > 1:  # tensor parallel over this host's devices
                 params = models.shard_params(params, self.model_cfg, models.make_mesh())
         self.params = params
-        self.store = kvstore.BlockStore(kvstore.local_spec(cfg.store_dir), self.layout) if cfg.use_store else None
+        self.store = open_store(cfg)
         cap = cfg.snic_mbps * 1e6 if cfg.snic_mbps else None
         self.snic = kvstore.StorageNIC(f"{self.role}{self.rank}", cap) if cfg.use_store else None
         self.stop = threading.Event()

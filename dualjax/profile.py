@@ -15,7 +15,7 @@ import kvstore
 import models
 from dualjax.batching import AttentionFit
 from dualjax.config import RunConfig
-from dualjax.layout import layout_for
+from dualjax.layout import run_layout
 from dualjax.scheduler import Thresholds
 
 
@@ -75,7 +75,6 @@ def store_read_bytes_per_s(store_dir: str, layout: kvstore.BlockLayout, blocks: 
 
 
 def thresholds(cfg: RunConfig) -> Thresholds:
-    model_cfg = models.get_config(cfg.model)
-    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
-    snic = cfg.snic_mbps * 1e6 if cfg.snic_mbps else store_read_bytes_per_s(cfg.store_dir, layout)
-    return Thresholds.from_rates(snic, models.kv_bytes_per_token(model_cfg), prefill_tokens_per_s(cfg.model))
+    snic = cfg.snic_mbps * 1e6 if cfg.snic_mbps else store_read_bytes_per_s(cfg.store_dir, run_layout(cfg))
+    return Thresholds.from_rates(snic, models.kv_bytes_per_token(models.get_config(cfg.model)),
+                                 prefill_tokens_per_s(cfg.model))

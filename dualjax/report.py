@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_loaded", "prefill_end", "first_token", "done", "stored")
+TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "done", "stored")
 
 
 def _stats(values) -> dict:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 
-import kvstore
 import models
 from dualjax.config import RunConfig
 from dualjax.decode import DecodeHost, decode_capacity
 from dualjax.driver import Driver
-from dualjax.layout import layout_for
+from dualjax.layout import open_store, run_layout
 from dualjax.policies import Policy, get_policy
 from dualjax.prefill import PrefillHost
 from dualjax.profile import thresholds
@@ -24,14 +23,6 @@ from dualjax.report import write_run
 from dualjax.transport import HostFailure, InProcFabric, Transport
 
 log = logging.getLogger(__name__)
-
-
-def open_store(cfg: RunConfig):
-    """The run's store (checks the fingerprint against an existing one), or None for the reference run."""
-    if not cfg.use_store:
-        return None
-    layout = layout_for(models.get_config(cfg.model), cfg.block_tokens, cfg.hash_seed)
-    return kvstore.BlockStore(kvstore.local_spec(cfg.store_dir), layout)
 
 
 def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
@@ -43,7 +34,7 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     """Rank 0's part: drive the workload, then write the outputs."""
     model_cfg = models.get_config(cfg.model)
     store = open_store(cfg)
-    layout = layout_for(model_cfg, cfg.block_tokens, cfg.hash_seed)
+    layout = run_layout(cfg)
     policy = policy or get_policy(cfg.policy)
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
     driver = Driver(transport, cfg, agents, layout, store, policy, thresholds(cfg),

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_rank(transport, cfg, progress=comm.Get_rank() == 0 and not args.quiet)
     transport.close()
     comm.Barrier()
-    if report is not None and args.quiet is False:
+    if report is not None and not args.quiet:
         print(summary_line(report), file=sys.stderr)
     return 0
 
