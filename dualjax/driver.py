@@ -3,14 +3,12 @@
 It starts agents (all at once offline, or at their arrival times online), builds each next
 prompt from what the model really generated, asks the store how many leading blocks hit, and
 queues the request. The scheduler places queued requests (FIFO) on engines and picks the read
-path through the policy, over engine views that rank 0 keeps (requests and tokens it assigned)
-and that hosts update (their storage read queues). Progress is shown while it runs.
+path through the policy; the scheduler's engine state is what rank 0 assigned (requests, tokens)
+and what hosts report (their storage read queues). Progress is shown while it runs.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import heapq
 import itertools
 import time
@@ -22,7 +20,7 @@ from dualjax.config import RunConfig
 from dualjax.messages import (Assign, Complete, EngineState, HostStats, PrefillFinished, Request, Shutdown,
                               StatsRequest)
 from dualjax.policies import Policy
-from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds
+from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 from dualjax.transport import HostFailure, Transport
 from dualjax.workload import Agent
 from kvstore import BlockStore, block_chain
@@ -33,12 +31,11 @@ class Driver:
                  policy: Policy, thresholds: Thresholds, de_capacity_tokens: int | None = None, progress: bool = True):
         self.transport, self.cfg, self.layout, self.store, self.policy = transport, cfg, layout, store, policy
         self.agents = agents
-        self.scheduler = Scheduler(policy, thresholds)
-        c = cfg.cluster
-        self.views = {r: EngineView(r, "prefill", r) for r in c.prefill_ranks}
-        self.views.update({r: EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks})
+        c = cfg.cluster  # one engine per host: a host is its own node
+        self.scheduler = Scheduler(policy, thresholds, [EngineView(r, "prefill", r) for r in c.prefill_ranks] +
+                                   [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks])
         self.context = [np.zeros(0, np.int32) for _ in agents]
-        self.waiting: collections.deque[RequestView] = collections.deque()
+        self.waiting = Waiting()
         self.requests: dict[int, Request] = {}
         self.records: dict[int, dict] = {}
         self.ids = itertools.count()
@@ -61,33 +58,21 @@ class Driver:
                                 "gen_len": req.gen_len, "planned_hit_blocks": hit, "arrival": req.arrival}
 
     def _dispatch(self) -> None:
-        pes = [v for v in self.views.values() if v.role == "prefill"]
-        des = [v for v in self.views.values() if v.role == "decode"]
-        for d in self.scheduler.schedule(self.waiting, pes, des):
+        for d in self.scheduler.schedule(self.waiting):
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
             a = Assign(req, d.pe, d.de, path, r.hit_tokens // self.layout.block_tokens,
                        self.cfg.layerwise and self.policy.layerwise, time.time())
             self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled)
-            self._load(d.pe, 1, r.miss_tokens)
-            self._load(d.de, 1, r.total_tokens)
-            if path != "none" and r.hit_tokens:
-                reader = self.views[d.pe if path == "pe" else d.de]
-                self.views[reader.rank] = dataclasses.replace(reader, read_q_tokens=reader.read_q_tokens + r.hit_tokens)
             self.transport.send(d.pe, a)
             self.transport.send(d.de, a)
-
-    def _load(self, rank: int, seq: int, tokens: int) -> None:
-        v = self.views[rank]
-        free = None if v.free_tokens is None or v.role != "decode" else v.free_tokens - tokens
-        self.views[rank] = dataclasses.replace(v, seq=v.seq + seq, tokens=v.tokens + tokens, free_tokens=free)
 
     def _complete(self, msg: Complete) -> dict:
         rec, req = self.records[msg.request_id], self.requests.pop(msg.request_id)
         T = self.layout.block_tokens
         rec.update(hit_tokens=msg.hit_blocks * T, miss_tokens=rec["prompt_tokens"] - msg.hit_blocks * T,
                    generated=msg.tokens, **msg.times)
-        self._load(rec["de"], -1, -(req.prompt_len + req.gen_len))
+        self.scheduler.update(rec["de"], -1, -(req.prompt_len + req.gen_len))
         agent, turn = rec["agent"], rec["turn"]
         self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])
         if turn + 1 < len(self.agents[agent].turns):
@@ -121,9 +106,10 @@ class Driver:
                     bar.update()
                 elif isinstance(msg, PrefillFinished):  # the miss tokens leave the PE's load
                     rec = self.records[msg.request_id]
-                    self._load(rec["pe"], -1, rec["planned_hit_blocks"] * self.layout.block_tokens - rec["prompt_tokens"])
+                    self.scheduler.update(rec["pe"], -1, rec["planned_hit_blocks"] * self.layout.block_tokens -
+                                          rec["prompt_tokens"])
                 elif isinstance(msg, EngineState):
-                    self.views[msg.rank] = dataclasses.replace(self.views[msg.rank], read_q_tokens=msg.read_q_tokens)
+                    self.scheduler.set_read_queue(msg.rank, msg.read_q_tokens)
                 else:
                     raise HostFailure(f"rank 0 got unexpected {type(msg).__name__}")
         return sorted(self.records.values(), key=lambda r: r["id"]), self._collect_stats()

@@ -18,8 +18,12 @@ stops the round (no overtaking), as in the paper.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 from collections import deque
+
+import numpy as np
 
 from dualjax.policies import Policy
 
@@ -71,66 +75,153 @@ class Thresholds:
         return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s)
 
 
-class Scheduler:
-    def __init__(self, policy: Policy, thresholds: Thresholds):
-        self.policy, self.th = policy, thresholds
+class Waiting:
+    """The global FIFO of waiting requests, with running sums of their total tokens so that the
+    R lookahead of the DE rule (the longest head that fits a group's free memory) is a bisection."""
 
-    def schedule(self, waiting: deque, pes: list[EngineView], des: list[EngineView]) -> list[Decision]:
-        """Pop from `waiting` (RequestViews, FIFO) every request that can be placed now."""
-        pes = {e.rank: e for e in pes}
-        des = {e.rank: e for e in des}
+    def __init__(self, requests=()):
+        self._items: deque[RequestView] = deque()
+        self._sums: list[int] = []  # cumulative total_tokens of every request ever appended
+        self._base = 0  # cumulative total before the head
+        self._head = 0  # index of the head in _sums
+        for r in requests:
+            self.append(r)
+
+    def append(self, r: RequestView) -> None:
+        self._items.append(r)
+        self._sums.append((self._sums[-1] if self._sums else 0) + r.total_tokens)
+
+    def popleft(self) -> RequestView:
+        r = self._items.popleft()
+        self._base = self._sums[self._head]
+        self._head += 1
+        if self._head > 4096 and self._head * 2 > len(self._sums):
+            del self._sums[:self._head]
+            self._head = 0
+        return r
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __getitem__(self, i: int) -> RequestView:
+        return self._items[i]
+
+    def head_tokens(self, free: float) -> int:
+        """Total tokens of the longest head whose total is <= `free`."""
+        if not self._items:
+            return 0
+        end = bisect.bisect_right(self._sums, self._base + free, lo=self._head) if free != math.inf else len(self._sums)
+        return (self._sums[end - 1] - self._base) if end > self._head else 0
+
+
+class Scheduler:
+    """Engine state (requests, tokens, DE free memory, node read queues) and the placement rules.
+
+    The owner reports changes with `update` and `set_read_queue`; `schedule` places waiting
+    requests and applies its own decisions to the state. State lives in arrays so that a
+    decision costs the same at 2 engines and at 1,152 (the simulator's paper scale)."""
+
+    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView]):
+        self.policy, self.th = policy, thresholds
+        engines = sorted(engines, key=lambda e: e.rank)
+        if not any(e.role == "prefill" for e in engines) or not any(e.role == "decode" for e in engines):
+            raise ValueError("the scheduler needs at least one prefill and one decode engine")
+        self.ranks = [e.rank for e in engines]
+        self.index = {r: i for i, r in enumerate(self.ranks)}
+        self.roles = [e.role for e in engines]
+        self.seq = np.array([e.seq for e in engines], np.int64)
+        self.tokens = np.array([e.tokens for e in engines], np.int64)
+        self.free = np.array([math.inf if e.free_tokens is None else e.free_tokens for e in engines], float)
+        nodes = sorted({e.node for e in engines})
+        self.node_ids = nodes
+        self.node_index = {n: i for i, n in enumerate(nodes)}
+        self.node_of = np.array([self.node_index[e.node] for e in engines])
+        self.read_q = np.zeros(len(nodes), np.int64)
+        for e in engines:  # engines of a node share its queue
+            n = self.node_index[e.node]
+            self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
+        self.pes = np.array([i for i, r in enumerate(self.roles) if r == "prefill"])
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(self.roles):
+            if r == "decode":
+                groups.setdefault(int(self.node_of[i]), []).append(i)
+        self.groups = [np.array(groups[n]) for n in sorted(groups)]
+        self.group_of = {int(i): g for g, members in enumerate(self.groups) for i in members}
+        self.group_tokens = np.array([self.tokens[m].sum() for m in self.groups], np.int64)
+        self._overrides = type(policy).engines is not Policy.engines
+
+    # -- state -------------------------------------------------------------------------------------
+    def view(self, rank: int) -> EngineView:
+        i = self.index[rank]
+        return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], int(self.seq[i]), int(self.tokens[i]),
+                          int(self.read_q[self.node_of[i]]), None if self.free[i] == math.inf else int(self.free[i]))
+
+    def _views(self) -> tuple[list[EngineView], list[EngineView]]:
+        views = [self.view(r) for r in self.ranks]
+        return [v for v in views if v.role == "prefill"], [v for v in views if v.role == "decode"]
+
+    def update(self, rank: int, seq: int = 0, tokens: int = 0) -> None:
+        """Add `seq` requests and `tokens` tokens to an engine (negative when they leave); a DE's free
+        memory moves the other way."""
+        i = self.index[rank]
+        self.seq[i] += seq
+        self.tokens[i] += tokens
+        if self.roles[i] == "decode":
+            self.free[i] -= tokens
+            self.group_tokens[self.group_of[i]] += tokens
+
+    def set_read_queue(self, node: int, tokens: int) -> None:
+        self.read_q[self.node_index[node]] = tokens
+
+    def read_queue(self, node: int) -> int:
+        return int(self.read_q[self.node_index[node]])
+
+    # -- placement ---------------------------------------------------------------------------------
+    def schedule(self, waiting: Waiting) -> list[Decision]:
+        """Pop from `waiting` every request that can be placed now, in FIFO order."""
         out = []
         while waiting:
             r = waiting[0]
-            forced = self.policy.engines(r, list(pes.values()), list(des.values()))
-            pe = forced[0] if forced else self.pick_pe(r, pes.values())
-            de = forced[1] if forced else self.pick_de(r, des.values(), waiting)
+            forced = self.policy.engines(r, *self._views()) if self._overrides else None
+            pe = forced[0] if forced else self.pick_pe(r)
+            de = forced[1] if forced else self.pick_de(r, waiting)
             if pe is None or de is None:
                 break
             waiting.popleft()
-            path = self.policy.path(r, pes[pe], des[de])
+            path = self.policy.path(r, self.view(pe), self.view(de))
             if path not in ("pe", "de"):
                 raise ValueError(f"policy {self.policy.name!r} chose path {path!r}; a path is 'pe' or 'de'")
             out.append(Decision(r, pe, de, path))
-            pes[pe] = dataclasses.replace(pes[pe], seq=pes[pe].seq + 1, tokens=pes[pe].tokens + r.miss_tokens)
-            free = des[de].free_tokens
-            des[de] = dataclasses.replace(des[de], seq=des[de].seq + 1, tokens=des[de].tokens + r.total_tokens,
-                                          free_tokens=None if free is None else free - r.total_tokens)
-            side = pes if path == "pe" else des  # the chosen side's node queue grows by the hit tokens
-            node = side[pe if path == "pe" else de].node
-            for d in (pes, des):
-                for rank, e in d.items():
-                    if e.node == node:
-                        d[rank] = dataclasses.replace(e, read_q_tokens=e.read_q_tokens + r.hit_tokens)
+            self.update(pe, 1, r.miss_tokens)
+            self.update(de, 1, r.total_tokens)
+            self.read_q[self.node_of[self.index[pe if path == "pe" else de]]] += r.hit_tokens
         return out
 
-    def pick_pe(self, r: RequestView, pes) -> int | None:
-        ok = [e for e in pes if e.tokens <= self.th.beta_tokens]
-        c2 = [e for e in ok if e.read_q_tokens <= self.th.alpha_tokens]
-        c3 = [e for e in ok if e.read_q_tokens > self.th.alpha_tokens]
-        pool = c2 or c3
-        return min(pool, key=lambda e: (e.tokens, e.rank)).rank if pool else None
+    def pick_pe(self, r: RequestView) -> int | None:
+        t = self.tokens[self.pes]
+        ok = t <= self.th.beta_tokens
+        c2 = ok & (self.read_q[self.node_of[self.pes]] <= self.th.alpha_tokens)
+        pool = c2 if c2.any() else ok
+        if not pool.any():
+            return None
+        return self.ranks[self.pes[np.argmin(np.where(pool, t, np.iinfo(np.int64).max))]]  # ties: lowest rank
 
-    def pick_de(self, r: RequestView, des, queue=()) -> int | None:
+    def pick_de(self, r: RequestView, queue: Waiting | None = None) -> int | None:
         """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""
-        groups: dict[int, list[EngineView]] = {}
-        for e in des:
-            groups.setdefault(e.node, []).append(e)
-        if not groups:
-            return None
-        group = min(groups.values(), key=lambda g: (sum(e.tokens for e in g), g[0].node))
+        members = self.groups[int(np.argmin(self.group_tokens))]  # ties: lowest node
         need = r.total_tokens
-        fits = [e for e in group if e.free_tokens is None or e.free_tokens >= need]
-        if not fits:
+        free = self.free[members]
+        fits = free >= need
+        if not fits.any():
             return None
-        free = None if any(e.free_tokens is None for e in group) else sum(e.free_tokens for e in group)
-        head = 0  # total tokens of R: the longest head of the queue that fits the group's free memory
-        for q in (list(queue) or [r]):
-            if free is not None and head + q.total_tokens > free:
-                break
-            head += q.total_tokens
-        z = 1.05 * (max(head, need) + sum(e.tokens for e in group)) / len(group)
-        under = [e for e in fits if e.tokens + need <= z]
-        if under:
-            return min(under, key=lambda e: (e.seq, e.rank)).rank
-        return min(fits, key=lambda e: (e.tokens, e.rank)).rank
+        head = queue.head_tokens(free.sum()) if queue is not None else need
+        t = self.tokens[members]
+        z = 1.05 * (max(head, need) + t.sum()) / len(members)
+        under = fits & (t + need <= z)
+        big = np.iinfo(np.int64).max
+        if under.any():
+            return self.ranks[members[np.argmin(np.where(under, self.seq[members], big))]]
+        return self.ranks[members[np.argmin(np.where(fits, t, big))]]

@@ -1,11 +1,11 @@
 """The scheduler's rules (PAPER.md §7) on hand-worked cases. No MPI, no JAX."""
 
-from collections import deque
+import math
 
 import pytest
 
 from dualjax.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
-from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds
+from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 
 TH = Thresholds(alpha_tokens=1000, beta_tokens=5000)
 
@@ -22,18 +22,19 @@ def req(i=0, prompt=1000, hit=900, gen=100):
     return RequestView(i, i, 0, prompt, hit, gen)
 
 
-S = Scheduler(DualPath(), TH)
+def S(*engines, policy=None):
+    return Scheduler(policy or DualPath(), TH, list(engines))
 
 
 def test_pe_prefers_short_read_queue_then_fewest_tokens():
     # 1: over beta, dropped. 2: C3 (queue 1500 > alpha) though fewest tokens. 3, 4: C2 -> min tokens = 4.
     pes = [pe(1, tokens=6000), pe(2, tokens=10, rq=1500), pe(3, tokens=300, rq=10), pe(4, tokens=200, rq=900)]
-    assert S.pick_pe(req(), pes) == 4
+    assert S(*pes, de(9)).pick_pe(req()) == 4
 
 
 def test_pe_falls_back_to_long_queues_and_waits_when_all_are_busy():
-    assert S.pick_pe(req(), [pe(1, tokens=900, rq=5000), pe(2, tokens=100, rq=2000)]) == 2
-    assert S.pick_pe(req(), [pe(1, tokens=5001), pe(2, tokens=9000)]) is None
+    assert S(pe(1, tokens=900, rq=5000), pe(2, tokens=100, rq=2000), de(9)).pick_pe(req()) == 2
+    assert S(pe(1, tokens=5001), pe(2, tokens=9000), de(9)).pick_pe(req()) is None
 
 
 def test_de_picks_lightest_group_then_z_rule():
@@ -41,11 +42,11 @@ def test_de_picks_lightest_group_then_z_rule():
     # Z = 1.05 * (1100 + 300) / 2 = 735: no DE is under Z (100+1100, 200+1100), so min tokens -> 5.
     des = [de(3, tokens=500, node=10), de(4, tokens=500, node=10), de(5, tokens=100, node=20),
            de(6, tokens=200, node=20)]
-    assert S.pick_de(req(), des) == 5
+    assert S(pe(1), *des).pick_de(req()) == 5
     # Two DEs under Z: the one with fewer requests wins even with more tokens.
     # len(r) = 110; Z = 1.05 * (110 + 100 + 120 + 5000) / 3 = 1865.5: 7 (seq 3) and 8 (seq 1) are under.
     des = [de(7, tokens=100, seq=3, node=1), de(8, tokens=120, seq=1, node=1), de(9, tokens=5000, node=1)]
-    assert S.pick_de(req(prompt=100, hit=50, gen=10), des) == 8
+    assert S(pe(1), *des).pick_de(req(prompt=100, hit=50, gen=10)) == 8
 
 
 def test_de_z_threshold_looks_ahead_over_the_queue_head_that_fits():
@@ -54,15 +55,16 @@ def test_de_z_threshold_looks_ahead_over_the_queue_head_that_fits():
     # is under Z and has fewer requests than DE 8, so it wins over the lighter DE 8.
     des = [de(7, tokens=1000, seq=0, node=1, free=3000), de(8, tokens=0, seq=2, node=1, free=3000)]
     queue = [req(i, prompt=1000, gen=100) for i in range(3)] + [req(3, prompt=4900, gen=100)]
-    assert S.pick_de(queue[0], des, queue) == 7
+    assert S(pe(1), *des).pick_de(queue[0], Waiting(queue)) == 7
     # Without the lookahead (R = r alone) Z = 1.05 * (1100 + 1000) / 2 = 1102.5: only DE 8 is under it.
-    assert S.pick_de(queue[0], des, queue[:1]) == 8
+    assert S(pe(1), *des).pick_de(queue[0], Waiting(queue[:1])) == 8
+    assert S(pe(1), *des).pick_de(queue[0]) == 8
 
 
 def test_de_needs_memory_for_the_whole_request():
     des = [de(3, tokens=0, free=500, node=1), de(4, tokens=900, free=2000, node=1)]
-    assert S.pick_de(req(prompt=1000, gen=100), des) == 4  # 3 is lighter but cannot hold 1100 tokens
-    assert S.pick_de(req(prompt=3000, gen=100), des) is None
+    assert S(pe(1), *des).pick_de(req(prompt=1000, gen=100)) == 4  # 3 is lighter but cannot hold 1100 tokens
+    assert S(pe(1), *des).pick_de(req(prompt=3000, gen=100)) is None
 
 
 def test_dualpath_reads_on_the_side_with_the_shorter_queue():
@@ -73,16 +75,32 @@ def test_dualpath_reads_on_the_side_with_the_shorter_queue():
 
 
 def test_schedule_is_fifo_updates_loads_and_stops_at_the_first_misfit():
-    waiting = deque([req(0, prompt=1000, hit=900), req(1, prompt=1000, hit=900), req(2, prompt=10**6, hit=0)])
-    out = S.schedule(waiting, [pe(1)], [de(2, free=5000)])
+    waiting = Waiting([req(0, prompt=1000, hit=900), req(1, prompt=1000, hit=900), req(2, prompt=10**6, hit=0)])
+    s = S(pe(1), de(2, free=5000))
+    out = s.schedule(waiting)
     # r0: queues 0 vs 0 -> PE reads (PE queue 900). r1: PE 900 > DE 0 -> DE reads. r2 needs 1e6+100 tokens of
     # DE memory: it waits, and so would anything behind it.
     assert [(d.request.id, d.pe, d.de, d.path) for d in out] == [(0, 1, 2, "pe"), (1, 1, 2, "de")]
     assert [r.id for r in waiting] == [2]
+    # The state carries the decisions: loads, the DE's memory and both read queues.
+    assert (s.view(1).seq, s.view(1).tokens, s.view(1).read_q_tokens) == (2, 200, 900)
+    assert (s.view(2).tokens, s.view(2).free_tokens, s.view(2).read_q_tokens) == (2200, 2800, 900)
+    s.update(2, -1, -1100)
+    s.set_read_queue(1, 0)
+    assert (s.view(2).seq, s.view(2).free_tokens, s.view(1).read_q_tokens) == (1, 3900, 0)
+
+
+def test_waiting_head_that_fits_memory():
+    w = Waiting([req(i, prompt=100 * (i + 1), gen=0) for i in range(4)])  # totals 100, 200, 300, 400
+    assert [w.head_tokens(f) for f in (50, 100, 299, 300, 999, 1000, math.inf)] == [0, 100, 100, 300, 600, 1000, 1000]
+    w.popleft()
+    assert (len(w), w[0].id, w.head_tokens(500), w.head_tokens(math.inf)) == (3, 1, 500, 900)
+    w.append(req(9, prompt=50, gen=0))
+    assert w.head_tokens(math.inf) == 950 and [r.id for r in w] == [1, 2, 3, 9]
 
 
 def test_schedule_spreads_requests_over_engines_by_tokens():
-    out = S.schedule(deque(req(i, prompt=1000, hit=0) for i in range(4)), [pe(1), pe(2)], [de(3), de(4)])
+    out = S(pe(1), pe(2), de(3), de(4)).schedule(Waiting(req(i, prompt=1000, hit=0) for i in range(4)))
     assert [d.pe for d in out] == [1, 2, 1, 2]
     assert sorted(d.de for d in out[:2]) == [3, 4]
 
@@ -109,11 +127,20 @@ def test_policies_by_name_and_custom_ones():
             return "left"
 
     with pytest.raises(ValueError, match="sideways"):
-        Scheduler(Sideways(), TH).schedule(deque([req()]), [pe(1)], [de(2)])
+        S(pe(1), de(2), policy=Sideways()).schedule(Waiting([req()]))
 
     class Pinned(DualPath):
         def engines(self, request, pes, des):
             return 2, 4
 
-    out = Scheduler(Pinned(), TH).schedule(deque([req()]), [pe(1), pe(2)], [de(3), de(4)])
+    out = S(pe(1), pe(2), de(3), de(4), policy=Pinned()).schedule(Waiting([req()]))
     assert (out[0].pe, out[0].de) == (2, 4)
+
+
+def test_engines_of_a_node_share_its_read_queue():
+    # PEs 1 and 2 share node 10; DEs 3 and 4 share node 20. The first request is read on the PE side, so
+    # node 10's queue (900) covers PE 2 as well, and the second request goes to the DE side.
+    s = S(pe(1, node=10), pe(2, node=10), de(3, node=20), de(4, node=20))
+    out = s.schedule(Waiting([req(0), req(1)]))
+    assert [(d.pe, d.path) for d in out] == [(1, "pe"), (2, "de")]
+    assert [s.view(r).read_q_tokens for r in (1, 2, 3, 4)] == [900, 900, 900, 900]
