@@ -1,7 +1,8 @@
 """PE intra-engine batching (PAPER.md §7): pack requests FIFO into one prefill pass while the
 predicted time stays within a compute quota; the request that would overflow is chunked, its
 chunk size found by binary search. Passes here run rows padded to a common shape (no ragged
-attention on CPU), so the prediction is that of the padded batch. Pure Python: no MPI, no JAX.
+attention on CPU), so the prediction is that of the padded batch; the simulator also packs
+ragged (GPU) passes. Pure Python: no MPI, no JAX.
 """
 
 from __future__ import annotations
@@ -41,18 +42,26 @@ class Work:
     remaining: int
 
 
-def pack(queue: list[Work], fit: AttentionFit, quota_s: float, max_chunk: int, min_chunk: int = 16):
-    """[(work, tokens)] for the next pass, FIFO. A pass runs its rows padded to its longest prefix
-    and longest chunk, so a batch of B rows is predicted to take B * fit(max cached, max new).
+def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int = 16, padded: bool = True):
+    """[(work, tokens)] for the next pass, FIFO. Padded passes (here: no ragged attention on CPU)
+    run rows padded to the longest prefix and chunk, so B rows are predicted to take
+    B * fit(max cached, max new); ragged ones (GPUs, in the simulator) the sum of each row's time.
     A request that does not fit whole gets the largest chunk that does (binary search) and closes
-    the batch; the first request always gets at least `min_chunk` tokens, so every pass progresses."""
+    the batch; the first request always gets at least `min_chunk` tokens, so every pass progresses.
+    `fit` is anything with `predict(cached, new) -> seconds`."""
     batch: list[tuple[Work, int]] = []
-    cost = lambda c, n: (len(batch) + 1) * fit.predict(max([c] + [w.cached for w, _ in batch]),  # noqa: E731
-                                                        max([n] + [k for _, k in batch]))
+    spent = 0.0  # ragged: predicted seconds of the rows already in the batch
+
+    def cost(c, n):
+        if not padded:
+            return spent + fit.predict(c, n)
+        return (len(batch) + 1) * fit.predict(max([c] + [w.cached for w, _ in batch]),
+                                              max([n] + [k for _, k in batch]))
     for w in queue:
         n = min(w.remaining, max_chunk)
         if cost(w.cached, n) <= quota_s:
             batch.append((w, n))
+            spent += fit.predict(w.cached, n) if not padded else 0.0
             continue
         lo, hi = 0, n
         while lo < hi:  # largest chunk whose predicted batch time still fits

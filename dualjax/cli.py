@@ -4,7 +4,10 @@
     dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
     dualjax verify --json FILE                  bit-identical tokens across paths, modes and launchers
     dualjax report DIR... [--png FILE]          compare runs in one table and one figure
-    dualjax plan --gpus-per-node 8 ...          the P/D ratio window for given hardware
+    dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
+    dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
+    dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
+    dualjax calibrate                           measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
 """
 
@@ -112,9 +115,13 @@ def cmd_plan(args) -> int:
     print(f"P/D window: {w.min_p_over_d} ({float(w.min_p_over_d):.3f}) <= P/D <= {w.max_p_over_d} "
           f"({float(w.max_p_over_d):.3f})")
     print(f"  lower bound set by {w.binding_min}; upper bound set by {' and '.join(w.binding)}")
+    result = w.to_json()
+    if args.sweep:
+        from dualjax.sim.cli import cmd_sweep
+        result.update(cmd_sweep(args, w))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(w.to_json(), f, indent=1)
+            json.dump(result, f, indent=1)
     return 0
 
 
@@ -126,6 +133,9 @@ def summary_line(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["sim", "validate"]:
+        from dualjax.sim.cli import main_validate
+        return main_validate(argv[2:])
     if argv and argv[0] == "bench":
         if len(argv) < 2 or argv[1] not in BENCHES:
             print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
@@ -152,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
     plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")
     plan.add_argument("--json", metavar="FILE")
+    from dualjax.sim.cli import add_parsers, add_sweep_flags
+    add_sweep_flags(plan)
+    add_parsers(sub)
     rep = sub.add_parser("report", help="compare runs in one table and one figure")
     rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
     rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
@@ -170,10 +183,13 @@ def main(argv: list[str] | None = None) -> int:
             return verify_main(args)
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command in ("sim", "calibrate"):
+            from dualjax.sim.cli import cmd_calibrate, cmd_sim
+            return cmd_sim(args) if args.command == "sim" else cmd_calibrate(args)
         if args.command == "report":
             from dualjax.compare import main as report_main
             return report_main(args)
-    except (ConfigError, KeyError, ValueError, StoreError, FileNotFoundError) as e:  # bad flags, presets, stores: one clear line
+    except (ConfigError, KeyError, ValueError, StoreError, FileNotFoundError) as e:  # SimError is a ValueError  # bad flags, presets, stores: one clear line
         print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 2

@@ -5,21 +5,23 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from dualjax.plots import plot_compare
+from dualjax.report import load_ttft
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("cluster", "{}"), ("requests", "{}"), ("JCT s", "{:.2f}"),
            ("tok/s", "{:.1f}"), ("hit", "{:.0%}"), ("TTFT p50", "{:.2f}"), ("TTFT p99", "{:.2f}"),
            ("TPOT p50", "{:.3f}"), ("SLO", "{:.0%}"), ("SNIC max/avg", "{}"), ("relay MB", "{:.1f}"))
 
 
-def load(run_dir: str) -> tuple[dict, list[dict]]:
+def load(run_dir: str) -> tuple[dict, np.ndarray]:
+    """(report, per-request TTFT) of a run's or a simulation's --out directory."""
     report_path = os.path.join(run_dir, "report.json")
     if not os.path.exists(report_path):
         raise FileNotFoundError(f"{run_dir}: no report.json (is it a run's --out directory?)")
     with open(report_path) as f:
-        report = json.load(f)
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
-        return report, [json.loads(line) for line in f]
+        return json.load(f), load_ttft(run_dir)
 
 
 def row(name: str, r: dict) -> list[str]:

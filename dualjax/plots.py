@@ -21,7 +21,7 @@ def _bandwidth(series, window_s: float):
     return edges[1:] - window_s / 2, np.diff(cum) / window_s / 1e6
 
 
-def plot_run(out_dir: str, report: dict, records: list[dict]) -> None:
+def plot_run(out_dir: str, report: dict, ttft) -> None:
     """storage.png and ttft_cdf.png for one run."""
     series = report.get("storage_series", {})
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -37,7 +37,7 @@ def plot_run(out_dir: str, report: dict, records: list[dict]) -> None:
     fig.savefig(os.path.join(out_dir, "storage.png"), dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    _cdf(ax, [r["ttft"] for r in records], report["policy"])
+    _cdf(ax, ttft, report["policy"])
     ax.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="time to first token")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "ttft_cdf.png"), dpi=100)
@@ -46,18 +46,19 @@ def plot_run(out_dir: str, report: dict, records: list[dict]) -> None:
 
 def _cdf(ax, values, label) -> None:
     v = np.sort(np.asarray(values, float))
+    v = v[~np.isnan(v)]
     ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
 
 
-def plot_compare(path: str, runs: list[tuple[str, dict, list[dict]]]) -> None:
-    """One figure comparing runs: JCT per run and TTFT CDFs."""
+def plot_compare(path: str, runs: list[tuple[str, dict, np.ndarray]]) -> None:
+    """One figure comparing runs (name, report, per-request TTFT): JCT per run and TTFT CDFs."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = [n for n, _, _ in runs]
     a.bar(range(len(runs)), [r["jct_s"] for _, r, _ in runs], color="tab:blue")
     a.set_xticks(range(len(runs)), names, rotation=30, ha="right")
     a.set(ylabel="job completion time (s)", title="JCT per run")
-    for name, _, records in runs:
-        _cdf(b, [r["ttft"] for r in records], name)
+    for name, _, ttft in runs:
+        _cdf(b, ttft, name)
     b.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="TTFT CDF")
     b.legend(fontsize=8)
     fig.tight_layout()

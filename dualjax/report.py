@@ -4,7 +4,8 @@ Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT
 TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
 storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
 read in time windows, averaged over the windows where any host read. Plots: `storage.png`
-(storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same.
+(storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same
+report from its own columns (`write_report`), and `requests.npz` instead of `requests.jsonl`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_toke
 
 
 def _stats(values) -> dict:
-    v = np.asarray([x for x in values if x is not None], float)
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
     if v.size == 0:
         return {"mean": None, "p50": None, "p99": None}
     return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
@@ -63,10 +65,21 @@ def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-def summarize(records: list[dict], hosts: list[dict], cfg, policy: str, slo: tuple[float, float]) -> dict:
-    gen = sum(len(r["generated"]) for r in records)
-    prompt = sum(r["prompt_tokens"] for r in records)
-    jct = max(r["done"] for r in records) - min(r["arrival"] for r in records)
+COLUMNS = ("prompt_tokens", "gen_len", "hit_tokens", "arrival", "done", "ttft", "ttst", "tpot", "restarts")
+
+
+def columns(records: list[dict]) -> dict[str, np.ndarray]:
+    """Normalised records as the per-request columns a report is computed from (None -> nan)."""
+    cols = {k: np.array([np.nan if r.get(k) is None else r.get(k, 0) for r in records], float) for k in COLUMNS}
+    cols["path"] = np.array([r["path"] for r in records])
+    return cols
+
+
+def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, slo: tuple[float, float]) -> dict:
+    """report.json's metrics from per-request columns (`columns`) and per-host stats."""
+    jct = float(cols["done"].max() - cols["arrival"].min())
+    gen, prompt, hit = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens"))
+    tpot = cols["tpot"]
     per_host = []
     for h in hosts:
         snic = h.get("snic", {})
@@ -76,26 +89,40 @@ def summarize(records: list[dict], hosts: list[dict], cfg, policy: str, slo: tup
                          "buffer_peak_bytes": h.get("buffer_peak_bytes"),
                          "bytes_written": h.get("store", {}).get("bytes_written", 0)})
     relay = sum(h["kv_sent_bytes"] for h in per_host if h["role"] == "decode")
+    paths, counts = np.unique(cols["path"], return_counts=True)
     return {
         "config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                    for k, v in dataclasses.asdict(cfg).items()},
-        "policy": policy, "requests": len(records), "jct_s": jct, "generated_tokens": gen, "tokens_per_s": gen / jct if jct else None,
-        "prompt_tokens": prompt, "hit_tokens": sum(r["hit_tokens"] for r in records),
-        "hit_rate": sum(r["hit_tokens"] for r in records) / prompt if prompt else 0.0,
-        "ttft_s": _stats(r["ttft"] for r in records), "ttst_s": _stats(r["ttst"] for r in records),
-        "tpot_s": _stats(r["tpot"] for r in records),
+        "policy": policy, "requests": len(cols["done"]), "jct_s": jct, "generated_tokens": int(gen),
+        "tokens_per_s": gen / jct if jct else None, "prompt_tokens": int(prompt), "hit_tokens": int(hit),
+        "hit_rate": hit / prompt if prompt else 0.0,
+        "ttft_s": _stats(cols["ttft"]), "ttst_s": _stats(cols["ttst"]), "tpot_s": _stats(tpot),
         "slo": {"ttft_s": slo[0], "tpot_s": slo[1], "attained": float(np.mean(
-            [r["ttft"] <= slo[0] and (r["tpot"] is None or r["tpot"] <= slo[1]) for r in records]))},
-        "paths": dict(collections.Counter(r["path"] for r in records)),
-        "restarts": sum(r.get("restarts", 0) for r in records),
+            (cols["ttft"] <= slo[0]) & (np.isnan(tpot) | (tpot <= slo[1]))))},
+        "paths": {str(p): int(n) for p, n in zip(paths, counts)},
+        "restarts": int(cols["restarts"].sum()),
         "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
         "hosts": per_host,
     }
 
 
+def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str,
+                 slo: tuple[float, float], extra: dict | None = None) -> dict:
+    """report.json (plus `extra` keys) and the plots under `out_dir`; returns the report."""
+    os.makedirs(out_dir, exist_ok=True)
+    report = summarize(cols, hosts, cfg, policy, slo)
+    report.update(extra or {})
+    report["storage_series"] = {f"{h['role']}{h['rank']}": h["snic_series"] for h in hosts if h.get("snic_series")}
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    from dualjax.plots import plot_run
+    plot_run(out_dir, report, cols["ttft"])
+    return report
+
+
 def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str,
               slo: tuple[float, float] = (4.0, 0.050)) -> dict:
-    """Write requests.jsonl, report.json and the plots under `out_dir`; returns the report."""
+    """A real run's requests.jsonl, report.json and plots under `out_dir`; returns the report."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = min(r["arrival"] for r in records)
     for h in hosts:  # storage series on the run's clock: seconds since the first arrival
@@ -106,10 +133,13 @@ def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy:
     with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    report = summarize(records, hosts, cfg, policy, slo)
-    report["storage_series"] = {f"{h['role']}{h['rank']}": h["snic_series"] for h in hosts if h.get("snic_series")}
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    from dualjax.plots import plot_run
-    plot_run(out_dir, report, records)
-    return report
+    return write_report(out_dir, columns(records), hosts, cfg, policy, slo)
+
+
+def load_ttft(run_dir: str) -> np.ndarray:
+    """Per-request TTFT of a run directory: from requests.jsonl, or a simulation's requests.npz."""
+    npz = os.path.join(run_dir, "requests.npz")
+    if os.path.exists(npz):
+        return np.load(npz)["ttft"]
+    with open(os.path.join(run_dir, "requests.jsonl")) as f:
+        return np.array([json.loads(line)["ttft"] for line in f], float)

@@ -75,6 +75,10 @@ class Thresholds:
         return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s)
 
 
+_C3 = 2**40  # added to the key of engines whose node queue is over alpha
+_OUT = np.iinfo(np.int64).max
+
+
 class Waiting:
     """The global FIFO of waiting requests, with running sums of their total tokens so that the
     R lookahead of the DE rule (the longest head that fits a group's free memory) is a bisection."""
@@ -117,6 +121,17 @@ class Waiting:
         return (self._sums[end - 1] - self._base) if end > self._head else 0
 
 
+def _compact(indices: list[int]):
+    """A slice when the indices are a contiguous run (numpy views are cheaper), else an array."""
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return slice(indices[0], indices[-1] + 1)
+    return np.array(indices)
+
+
+def _nth(indices, i: int) -> int:
+    return indices.start + i if isinstance(indices, slice) else int(indices[i])
+
+
 class Scheduler:
     """Engine state (requests, tokens, DE free memory, node read queues) and the placement rules.
 
@@ -143,15 +158,17 @@ class Scheduler:
         for e in engines:  # engines of a node share its queue
             n = self.node_index[e.node]
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
-        self.pes = np.array([i for i, r in enumerate(self.roles) if r == "prefill"])
+        self.pes = _compact([i for i, r in enumerate(self.roles) if r == "prefill"])
+        self.pe_nodes = self.node_of[self.pes]
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(self.roles):
             if r == "decode":
                 groups.setdefault(int(self.node_of[i]), []).append(i)
-        self.groups = [np.array(groups[n]) for n in sorted(groups)]
-        self.group_of = {int(i): g for g, members in enumerate(self.groups) for i in members}
+        self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
+        self.groups = [_compact(groups[n]) for n in sorted(groups)]
         self.group_tokens = np.array([self.tokens[m].sum() for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
+        self._pe_full = False
 
     # -- state -------------------------------------------------------------------------------------
     def view(self, rank: int) -> EngineView:
@@ -172,6 +189,8 @@ class Scheduler:
         if self.roles[i] == "decode":
             self.free[i] -= tokens
             self.group_tokens[self.group_of[i]] += tokens
+        elif tokens < 0:
+            self._pe_full = False
 
     def set_read_queue(self, node: int, tokens: int) -> None:
         self.read_q[self.node_index[node]] = tokens
@@ -187,8 +206,8 @@ class Scheduler:
             r = waiting[0]
             forced = self.policy.engines(r, *self._views()) if self._overrides else None
             pe = forced[0] if forced else self.pick_pe(r)
-            de = forced[1] if forced else self.pick_de(r, waiting)
-            if pe is None or de is None:
+            de = None if pe is None else forced[1] if forced else self.pick_de(r, waiting)
+            if de is None:
                 break
             waiting.popleft()
             path = self.policy.path(r, self.view(pe), self.view(de))
@@ -201,27 +220,28 @@ class Scheduler:
         return out
 
     def pick_pe(self, r: RequestView) -> int | None:
-        t = self.tokens[self.pes]
-        ok = t <= self.th.beta_tokens
-        c2 = ok & (self.read_q[self.node_of[self.pes]] <= self.th.alpha_tokens)
-        pool = c2 if c2.any() else ok
-        if not pool.any():
+        if self._pe_full:  # every PE was over beta, and none has shed tokens since
             return None
-        return self.ranks[self.pes[np.argmin(np.where(pool, t, np.iinfo(np.int64).max))]]  # ties: lowest rank
+        t = self.tokens[self.pes]
+        # One key orders C2 before C3 and tokens within each; engines over beta are out.
+        key = t + np.where(self.read_q <= self.th.alpha_tokens, 0, _C3)[self.pe_nodes]
+        key[t > self.th.beta_tokens] = _OUT
+        i = int(key.argmin())  # ties: the lowest rank
+        if key[i] == _OUT:
+            self._pe_full = True
+            return None
+        return self.ranks[_nth(self.pes, i)]
 
     def pick_de(self, r: RequestView, queue: Waiting | None = None) -> int | None:
         """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""
-        members = self.groups[int(np.argmin(self.group_tokens))]  # ties: lowest node
+        members = self.groups[int(self.group_tokens.argmin())]  # ties: the lowest node
         need = r.total_tokens
-        free = self.free[members]
-        fits = free >= need
-        if not fits.any():
+        free, t, seq = self.free[members].tolist(), self.tokens[members].tolist(), self.seq[members].tolist()
+        fits = [i for i, f in enumerate(free) if f >= need]
+        if not fits:
             return None
-        head = queue.head_tokens(free.sum()) if queue is not None else need
-        t = self.tokens[members]
-        z = 1.05 * (max(head, need) + t.sum()) / len(members)
-        under = fits & (t + need <= z)
-        big = np.iinfo(np.int64).max
-        if under.any():
-            return self.ranks[members[np.argmin(np.where(under, self.seq[members], big))]]
-        return self.ranks[members[np.argmin(np.where(fits, t, big))]]
+        head = queue.head_tokens(sum(free)) if queue is not None else need
+        z = 1.05 * (max(head, need) + sum(t)) / len(t)
+        under = [i for i in fits if t[i] + need <= z]
+        i = min(under, key=lambda i: (seq[i], i)) if under else min(fits, key=lambda i: (t[i], i))
+        return self.ranks[_nth(members, i)]

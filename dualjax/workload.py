@@ -69,20 +69,25 @@ class Turn:
     gen_len: int
 
 
-def _length(rng: np.random.Generator, mean: int, spread: float) -> int:
-    if spread == 0:
-        return mean
-    return max(1, int(round(mean * rng.lognormal(-spread * spread / 2, spread))))
+def turn_lengths(spec: WorkloadSpec, agent: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(appended tokens, generated tokens) per turn of one agent: the lengths alone, which is all
+    the simulator needs; `trajectory` draws its token ids around exactly these lengths."""
+    rng = np.random.default_rng([seed, agent])
+    if spec.spread == 0:
+        append, gen = np.full(spec.turns, spec.append), np.full(spec.turns, spec.gen)
+    else:
+        s = spec.spread
+        draw = lambda mean: np.maximum(1, np.round(mean * rng.lognormal(-s * s / 2, s, spec.turns)))  # noqa: E731
+        append, gen = draw(spec.append), draw(spec.gen)
+    append[0] = spec.first_append
+    return append.astype(np.int64), gen.astype(np.int64)
 
 
 def trajectory(spec: WorkloadSpec, agent: int, vocab: int, seed: int = 0) -> list[Turn]:
     """The turns of one agent: appended token ids and generation lengths."""
-    rng = np.random.default_rng([seed, agent])
-    turns = []
-    for i in range(spec.turns):
-        n = spec.first_append if i == 0 else _length(rng, spec.append, spec.spread)
-        turns.append(Turn(rng.integers(0, vocab, n, dtype=np.int32), _length(rng, spec.gen, spec.spread)))
-    return turns
+    append, gen = turn_lengths(spec, agent, seed)
+    rng = np.random.default_rng([seed, agent, 1])
+    return [Turn(rng.integers(0, vocab, int(n), dtype=np.int32), int(g)) for n, g in zip(append, gen)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +101,19 @@ class WorkloadError(ValueError):
     pass
 
 
+def start_times(agents: int, seed: int = 0, aps: float | None = None) -> np.ndarray:
+    """When each agent starts: all at 0 (offline) or Poisson arrivals at `aps` agents/s (online)."""
+    if aps is None:
+        return np.zeros(agents)
+    if aps <= 0:
+        raise WorkloadError(f"--aps must be positive, got {aps}")
+    return np.cumsum(np.random.default_rng([seed, 7]).exponential(1.0 / aps, agents))
+
+
 def agents_for(spec: WorkloadSpec, vocab: int, seed: int = 0, aps: float | None = None) -> list[Agent]:
     """The agents of a preset: all at t=0 (offline) or Poisson arrivals at `aps` agents/s (online)."""
-    starts = np.zeros(spec.agents)
-    if aps:
-        if aps <= 0:
-            raise WorkloadError(f"--aps must be positive, got {aps}")
-        starts = np.cumsum(np.random.default_rng([seed, 7]).exponential(1.0 / aps, spec.agents))
-    return [Agent(float(t), trajectory(spec, a, vocab, seed), spec.think_s) for a, t in enumerate(starts)]
+    return [Agent(float(t), trajectory(spec, a, vocab, seed), spec.think_s)
+            for a, t in enumerate(start_times(spec.agents, seed, aps))]
 
 
 def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:

@@ -1,0 +1,68 @@
+"""The simulator: a DualPath cluster at any scale, driven by the runtime's own scheduler and policies.
+
+    from dualjax.sim import SimConfig, simulate
+    report = simulate(SimConfig(ClusterSpec(2, 4), workload="paper-64k", agents=2048), out="runs/sim")
+
+It writes the same `report.json` and plots as a real run (and `requests.npz` for the per-request
+columns). See `engine.py` for what is modelled and `profiles.py` for the hardware and models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from dualjax.policies import Policy, get_policy
+from dualjax.report import write_report
+from dualjax.sim.engine import SimConfig, SimError, Simulation
+from dualjax.sim.profiles import Hardware, get_hardware, model_cost
+from dualjax.workload import get_workload, load_trajectories, slo_for, start_times, turn_lengths
+
+__all__ = ["SimConfig", "SimError", "Simulation", "simulate", "build", "get_hardware", "model_cost"]
+
+
+def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, float]:
+    """(append lengths per agent, generation lengths per agent, start times, mean think time)."""
+    if cfg.workload.startswith("mooncake:"):
+        raise SimError("the simulator takes agentic presets and trajectory files; Mooncake traces share "
+                       "prefixes across requests, which its per-agent hit model does not follow")
+    if cfg.workload.endswith(".jsonl"):
+        agents = load_trajectories(cfg.workload, vocab=2**31 - 1, seed=cfg.workload_seed)
+        append = [np.array([len(t.append) for t in a.turns]) for a in agents]
+        gen = [np.array([t.gen_len for t in a.turns]) for a in agents]
+        return append, gen, np.array([a.start for a in agents]), float(np.mean([a.think_s for a in agents]))
+    spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
+    lengths = [turn_lengths(spec, a, cfg.workload_seed) for a in range(spec.agents)]
+    return ([a for a, _ in lengths], [g for _, g in lengths], start_times(spec.agents, cfg.workload_seed, cfg.aps),
+            spec.think_s)
+
+
+def build(cfg: SimConfig, policy: Policy | str | None = None, hardware: Hardware | None = None,
+          progress: bool = True) -> Simulation:
+    """A ready-to-run Simulation; `policy` (a name or an object) overrides `cfg.policy`."""
+    hw = (hardware or get_hardware(cfg.hardware)).with_snic(cfg.snic_mbps and cfg.snic_mbps * 1e6)
+    if hw.model is not None and hw.model != cfg.model:
+        raise SimError(f"hardware profile {hw.name!r} was calibrated with model {hw.model!r}, not {cfg.model!r}: "
+                       f"run `dualjax calibrate --model {cfg.model}`")
+    append, gen, starts, think = workload_lengths(cfg)
+    return Simulation(cfg, hw, model_cost(cfg.model), append, gen, starts, think, policy, progress)
+
+
+def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None = None,
+             hardware: Hardware | None = None, progress: bool = True) -> dict:
+    """Run one simulation; with `out`, write report.json, requests.npz and plots there. Returns the report."""
+    sim = build(cfg, policy, hardware, progress).run()
+    cols = sim.columns()
+    name = get_policy(policy or cfg.policy).name
+    extra = {"simulated": True, "hardware": dataclasses.asdict(sim.hw), "events": sim.events_done,
+             "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None}
+    if out is None:
+        from dualjax.report import summarize
+        report = summarize(cols, sim.host_stats(), cfg, name, slo_for(cfg.workload))
+        report.update(extra)
+        return report
+    os.makedirs(out, exist_ok=True)
+    np.savez_compressed(os.path.join(out, "requests.npz"), **cols)
+    return write_report(out, cols, sim.host_stats(), cfg, name, slo_for(cfg.workload), extra)

@@ -1,0 +1,86 @@
+"""`dualjax calibrate`: measure this machine into the simulator's `local` hardware profile.
+
+What the embedded runtime's hosts spend, measured here with the runtime's own code:
+* prefill: the fit `AttentionFit` of a layerwise prefill pass over (cached, new) token pairs
+  (`dualjax.profile.attention_fit`, what a PE packs its passes with);
+* decode: seconds of one fixed-shape decode step (`DecodeCache.step` over `decode_slots` slots)
+  at several slot capacities, fitted as d0 + d1 * capacity;
+* storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
+* relay: bytes/s of `LayerKV` messages through the in-process transport (one copy each).
+One engine per host, as `dualjax run --embedded` runs: every host is its own node.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+import models
+from dualjax.config import ClusterSpec, RunConfig
+from dualjax.layout import run_layout
+from dualjax.messages import LayerKV
+from dualjax.profile import attention_fit, store_read_bytes_per_s
+from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
+from dualjax.transport import InProcFabric
+
+CAPACITIES = (256, 512, 1024, 2048)
+
+
+def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
+    """(d0, d1): a decode step over `slots` slots of capacity C takes d0 + d1 * C seconds."""
+    cfg = models.get_config(model)
+    params = models.init_params(cfg, 0)
+    xs, ys = [], []
+    for cap in CAPACITIES:
+        if cap > cfg.max_seq_len:
+            continue
+        cache = models.DecodeCache(cfg, slots, cap)
+        cache.lengths[:] = cap // 2
+        tokens = np.zeros(slots, np.int32)
+        cache.step(params, tokens)  # compile
+        times = []
+        for _ in range(repeats):
+            cache.lengths[:] = cap // 2
+            t0 = time.perf_counter()
+            cache.step(params, tokens)
+            times.append(time.perf_counter() - t0)
+        xs.append(cap)
+        ys.append(float(np.median(times)))
+    d1, d0 = np.polyfit(xs, ys, 1)
+    return max(0.0, float(d0)), max(0.0, float(d1))
+
+
+def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
+    """`LayerKV` messages of one layer's KV through the in-process transport, sent and received."""
+    fabric = InProcFabric(2)
+    a, b = fabric.transport(0), fabric.transport(1)
+    kv = np.ones(layer_bytes // 4, np.float32)
+    t0 = time.perf_counter()
+    for i in range(messages):
+        a.send(1, LayerKV(0, i, 0, kv, 0))
+        b.recv()
+    return messages * kv.nbytes / (time.perf_counter() - t0)
+
+
+def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", decode_slots: int = 8,
+              block_tokens: int = 64, path: str = DEFAULT_LOCAL) -> Hardware:
+    """Measure, write the `local` profile to `path` and return it."""
+    cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
+                    decode_slots=decode_slots)
+    layout = run_layout(cfg)
+    fit = attention_fit(model)
+    d0, d1 = decode_fit(model, decode_slots)
+    snic = store_read_bytes_per_s(cfg.store_dir, layout)
+    relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
+    hw = Hardware(
+        "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
+        dram_bytes_per_s=math.inf, pe_buffer_bytes=cfg.pe_buffer_mb * 2**20, de_buffer_bytes=cfg.de_buffer_mb * 2**20,
+        hbm_bytes=math.inf, hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0,
+        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a, fit.b, fit.c), decode_fit=(d0, d1),
+        relay_bytes_per_s=relay, model=model,
+        notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
+              f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies")
+    save_hardware(hw, path)
+    return hw

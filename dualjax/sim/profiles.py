@@ -1,0 +1,144 @@
+"""What the simulator needs to know about a machine and a model: hardware profiles and cost models.
+
+Hardware (`Hardware`): g engines (GPUs) per node, each node's storage NIC, each GPU's compute NIC
+(KV gets what model traffic leaves), host DRAM bandwidth, PE/DE buffer budgets, device memory
+and decode limits. Profiles:
+
+* `paper-h800`: PAPER.md §2/§8: 8 GPUs per node, 400 Gbps CNIC per GPU, one 400 Gbps storage NIC
+  per node, 500 GB/s host DRAM; compute from model FLOPs at a stated efficiency of H800 peak.
+* `oracle`: the same GPUs with free storage and transfers (the paper's upper bound).
+* `local`: written by `dualjax calibrate` (measured prefill/decode timings, store read rate,
+  in-process relay rate) for one engine per host, as the embedded runtime runs here.
+
+Model costs (`ModelCost`): KV bytes per token, FLOPs of prefill (linear + attention, with an
+optional sparse window and indexer as in DeepSeek-V3.2) and the bytes a decode step reads. The
+`local` profile replaces them by fits measured on this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCost:
+    name: str
+    n_layers: int
+    kv_bytes_per_token: int  # all layers
+    linear_flops: float  # per token
+    attn_flops: float  # per (new token x visible position)
+    window: int | None = None  # sparse attention: each token attends to at most this many positions
+    indexer_flops: float = 0.0  # per (new token x position), over the whole context (DSA indexer)
+    indexer_bytes_per_token: float = 0.0  # the indexer's keys, read by every decode step
+    weight_bytes_per_gpu: float = 0.0  # weights one GPU holds (and a decode step reads)
+
+    def prefill_flops(self, cached: int, new: int) -> float:
+        end = cached + new
+        full = (end * (end + 1) - cached * (cached + 1)) / 2  # sum of positions cached+1 .. end
+        w = self.window
+        if w is None or end <= w:
+            visible = full
+        else:  # sum of min(p, w)
+            tri = lambda n: n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w  # noqa: E731
+            visible = tri(end) - tri(cached)
+        return new * self.linear_flops + self.attn_flops * visible + self.indexer_flops * full
+
+    def decode_read_bytes(self, context: int) -> float:
+        """Bytes of KV (and indexer keys) one decode step reads for one sequence."""
+        visible = context if self.window is None else min(context, self.window)
+        return visible * self.kv_bytes_per_token + context * self.indexer_bytes_per_token
+
+
+def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
+    """The cost model of a preset (from its config), or `deepseek-v3.2`."""
+    if name == "deepseek-v3.2":
+        # ../shared/traces/README.md §4: 656 B of KV per token per layer, 61 layers, ~74 GFLOP of linear
+        # work per token, DSA attention over 2,048 positions (576 + 512 dims, 128 heads) plus the indexer
+        # (64 dims, 128 heads) over all of them; 671e9 FP8 weights split by expert parallelism over 32 GPUs
+        # (our assumption), and 132 B of FP8 indexer key per token per layer.
+        return ModelCost(name, 61, 656 * 61, 74e9, 61 * 2 * (576 + 512) * 128, 2048, 61 * 2 * 64 * 128,
+                         132 * 61, 671e9 / 32)
+    import models
+    from models.costs import linear_flops_per_token
+    cfg = models.get_config(name)
+    return ModelCost(name, cfg.n_layers, models.kv_bytes_per_token(cfg), linear_flops_per_token(cfg),
+                     4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim,
+                     weight_bytes_per_gpu=models.param_bytes(cfg) / gpus_per_weight_copy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str
+    gpus_per_node: int
+    snic_bytes_per_s: float  # per node (all its storage NICs)
+    cnic_bytes_per_s: float  # per GPU
+    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (PAPER §5: low priority)
+    dram_bytes_per_s: float  # per node
+    pe_buffer_bytes: float  # per node
+    de_buffer_bytes: float
+    hbm_bytes: float  # per GPU
+    hbm_bytes_per_s: float
+    flops_per_s: float  # per GPU, peak
+    efficiency: float  # fraction of peak a prefill pass or decode step reaches
+    decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
+    padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
+    # `local` only: measured fits instead of FLOPs. prefill: (a, b, c) of AttentionFit per row;
+    # decode: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
+    prefill_fit: tuple[float, float, float] | None = None
+    decode_fit: tuple[float, float] | None = None
+    relay_bytes_per_s: float | None = None
+    model: str | None = None  # the model a calibrated profile was measured with
+    notes: str = ""
+
+    @property
+    def free_storage(self) -> bool:
+        return math.isinf(self.snic_bytes_per_s)
+
+    def with_snic(self, bytes_per_s: float | None) -> "Hardware":
+        return self if bytes_per_s is None else dataclasses.replace(self, snic_bytes_per_s=bytes_per_s)
+
+
+H800_PEAK = 989e12  # dense BF16 FLOP/s
+
+PAPER_H800 = Hardware(
+    "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
+    dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
+    hbm_bytes_per_s=3.35e12, flops_per_s=H800_PEAK, efficiency=0.4,
+    notes="PAPER.md §2/§8 hardware; compute = model FLOPs at 40% of H800 dense BF16 peak; decode step = "
+          "max(FLOPs, weights + KV read over HBM bandwidth); KV gets 99% of an idle CNIC (model traffic is not "
+          "simulated, so KV is never squeezed); 256 GB PE/DE buffers per node; 10 GB of HBM kept for activations.")
+
+ORACLE = dataclasses.replace(
+    PAPER_H800, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,
+    notes="paper-h800 with free storage reads and transfers: the upper bound of PAPER.md §6")
+
+DEFAULT_LOCAL = os.path.join("runs", "calibrate", "local.json")
+
+
+def get_hardware(name: str) -> Hardware:
+    """`paper-h800`, `oracle`, `local` (the profile `dualjax calibrate` wrote) or a profile JSON path."""
+    if name == "paper-h800":
+        return PAPER_H800
+    if name == "oracle":
+        return ORACLE
+    path = DEFAULT_LOCAL if name == "local" else name
+    if not os.path.exists(path):
+        hint = "run `dualjax calibrate` first" if name == "local" else "profiles: paper-h800, oracle, local, or a JSON file"
+        raise FileNotFoundError(f"no hardware profile {name!r} ({path} missing): {hint}")
+    with open(path) as f:
+        d = json.load(f)
+    for k in ("prefill_fit", "decode_fit"):
+        if d.get(k) is not None:
+            d[k] = tuple(d[k])
+    return Hardware(**d)
+
+
+def save_hardware(hw: Hardware, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(dataclasses.asdict(hw), f, indent=1)

@@ -1,0 +1,81 @@
+"""`dualjax sim validate`: the e2e benchmark's configurations, for real and in the simulator.
+
+    dualjax sim validate --json FILE [--quick] [--real E2E.json]
+
+Runs `dualjax bench e2e` (or reads its JSON with `--real`), then simulates every configuration it
+ran on the `local` profile (calibrated first if missing) with the same storage cap, and reports
+`jct_error[config]` = simulated/real JCT - 1 (target |x| <= 0.15) and `speedup_error[cluster]`
+for the DualPath/Basic speed-up (target |x| <= 0.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import time
+
+from benchmarks.common import emit
+from dualjax.config import ClusterSpec
+from dualjax.sim import SimConfig, simulate
+from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
+
+log = logging.getLogger("dualjax.sim.validate")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="dualjax sim validate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
+    p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
+    p.add_argument("--out", default="runs/sim-validate")
+    p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
+                   "calibrated first when missing)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    t0 = time.time()
+    if args.real:
+        with open(args.real) as f:
+            real = json.load(f)
+    else:
+        from benchmarks import e2e
+        real = e2e.main(["--out", os.path.join(args.out, "real")] + (["--quick"] if args.quick else []))
+    if not os.path.exists(args.profile):
+        from dualjax.sim.calibrate import calibrate
+        log.info("no local profile yet: calibrating (%s)", args.profile)
+        calibrate(real.get("model", "small"), store_dir=os.path.join(args.out, "calibrate-store"), path=args.profile)
+    hw = get_hardware(args.profile)
+    quick = real.get("quick", False)
+    base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],
+                     agents=3 if quick else None, turns=3 if quick else None)
+    sim_jct, errors = {}, {}
+    configs = [(c, pol) for c, pols in real["jct_s"].items() for pol in pols]
+    for cluster, policy in [("1p1d", "control")] + configs:
+        cfg = dataclasses.replace(base, cluster=ClusterSpec.parse(cluster),
+                                  policy="basic" if policy == "control" else policy,
+                                  snic_mbps=None if policy == "control" else real["cap_mbps"])
+        r = simulate(cfg, out=os.path.join(args.out, "sim", f"{cluster}-{policy}"), hardware=hw, progress=False)
+        measured = real["control_uncapped_jct_s"] if policy == "control" else real["jct_s"][cluster][policy]
+        sim_jct.setdefault(cluster, {})[policy] = r["jct_s"]
+        errors[f"{cluster}-{policy}"] = r["jct_s"] / measured - 1
+        log.info("%-20s real %7.2f s  sim %7.2f s  error %+.1f%%", f"{cluster}-{policy}", measured, r["jct_s"],
+                 100 * errors[f"{cluster}-{policy}"])
+    speedup_error, sim_speedup = {}, {}
+    for cluster, real_speedup in real["speedup"].items():
+        sim_speedup[cluster] = sim_jct[cluster]["basic"] / sim_jct[cluster]["dualpath"]
+        speedup_error[cluster] = sim_speedup[cluster] / real_speedup - 1
+    result = {
+        "benchmark": "sim-validate", "quick": quick, "cap_mbps": real["cap_mbps"],
+        "jct_error": errors, "speedup_error": speedup_error, "real_jct_s": real["jct_s"], "sim_jct_s": sim_jct,
+        "real_speedup": real["speedup"], "sim_speedup": sim_speedup,
+        "max_abs_jct_error": max(abs(v) for v in errors.values()),
+        "max_abs_speedup_error": max(abs(v) for v in speedup_error.values()) if speedup_error else None,
+        "targets": {"jct_error": 0.15, "speedup_error": 0.10}, "profile": hw.notes, "wall_s": time.time() - t0,
+        "notes": "Real: embedded clusters sharing this machine's cores (see bench e2e). Simulated: the local "
+                 "profile, one engine per host, each with its own compute (no contention between hosts).",
+    }
+    emit(result, args.json)
+    return result

@@ -1,0 +1,150 @@
+"""The simulator: hand-worked timelines, the paper's cost model, its claims at small scale, the CLI."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dualjax.cli import main
+from dualjax.config import ClusterSpec
+from dualjax.sim import SimConfig, SimError, Simulation, simulate
+from dualjax.sim.engine import Buffer, FifoLink
+from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
+
+# A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
+# storage 1 MB/s, free transfers; a model of 4 layers and 1,000 bytes of KV per token.
+TOY_HW = Hardware("toy", gpus_per_node=1, snic_bytes_per_s=1e6, cnic_bytes_per_s=math.inf, kv_share=1.0,
+                  dram_bytes_per_s=math.inf, pe_buffer_bytes=1e9, de_buffer_bytes=1e9, hbm_bytes=math.inf,
+                  hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0, decode_batch=8, padded=True,
+                  prefill_fit=(0.0, 1e-3, 0.0), decode_fit=(0.01, 0.0))
+TOY_MODEL = ModelCost("toy", n_layers=4, kv_bytes_per_token=1000, linear_flops=0.0, attn_flops=0.0)
+
+
+def toy(policy: str, append=(100, 20), gen=(5, 5)) -> Simulation:
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy=policy)
+    return Simulation(cfg, TOY_HW, TOY_MODEL, [np.array(append)], [np.array(gen)], np.zeros(1), progress=False).run()
+
+
+def test_basic_timeline_by_hand():
+    # Turn 0: 100 new tokens -> prefill 0.1 s, first token at 0.1, 4 decode steps -> done at 0.14.
+    # Turn 1: context 105 -> hit 64 tokens (one full block stored; 104 tokens have KV), prompt 125, miss 61.
+    # Basic reads 64,000 bytes at 1 MB/s (0.064 s) and only then computes 0.061 s; 4 steps: done at 0.305.
+    c = toy("basic").columns()
+    assert c["hit_tokens"].tolist() == [0, 64] and c["prompt_tokens"].tolist() == [100, 125]
+    assert c["first_token"][0] == pytest.approx(0.1) and c["done"][0] == pytest.approx(0.14)
+    assert c["prefill_start"][1] == pytest.approx(0.204) and c["done"][1] == pytest.approx(0.305)
+    assert c["tpot"][1] == pytest.approx(0.01) and c["ttst"][1] == pytest.approx(0.265 + 0.01 - 0.14)
+
+
+def test_layerwise_overlaps_the_load_by_hand():
+    # Layerwise starts at 0.14 with the read: layer l arrives at 0.14 + 0.016 (l+1) and takes 0.061 / 4.
+    # The pass ends at max(0.14 + 0.061, 0.14 + 0.016 + 0.061, 0.204 + 0.061 / 4) = 0.21925.
+    c = toy("pe-only").columns()
+    assert c["prefill_end"][1] == pytest.approx(0.21925) and c["done"][1] == pytest.approx(0.25925)
+
+
+def test_de_path_reads_on_the_decode_node():
+    sim = toy("de-only")
+    hosts = sim.host_stats()
+    assert [h["snic"]["bytes_read"] for h in hosts] == [0, 64_000]
+    assert hosts[1]["transport_sent"]["kv"] == 64_000  # relayed to the PE
+
+
+def test_fifo_link_and_buffer():
+    link = FifoLink(100.0)
+    assert link.reserve(0.0, 100) == (0.0, 1.0) and link.reserve(0.5, 50) == (1.0, 1.5)
+    assert link.reserve(3.0, 100) == (3.0, 4.0) and link.busy_s == 2.5
+    order = []
+    buf = Buffer("PE", 10)
+    buf.reserve(6, lambda: order.append("a"))
+    buf.reserve(6, lambda: order.append("b"))  # waits for room
+    buf.reserve(1, lambda: order.append("c"))  # FIFO: behind b even though it fits
+    assert order == ["a"]
+    buf.release(6)
+    assert order == ["a", "b", "c"] and buf.peak == 7
+    with pytest.raises(SimError, match="budget"):
+        buf.reserve(11, lambda: None)
+
+
+def test_deepseek_cost_model_reproduces_the_cache_compute_ratio():
+    # ../shared/traces/README.md §4: 32,721 reused + 429 new tokens give 21.5 GB of KV per PFLOP.
+    m = model_cost("deepseek-v3.2")
+    assert m.kv_bytes_per_token == 40_016
+    ratio = 32_721 * m.kv_bytes_per_token / 1e9 / (m.prefill_flops(32_721, 429) / 1e15)
+    assert ratio == pytest.approx(21.5, abs=0.1)
+    dense = model_cost("tiny")  # without a window: attention over every position
+    assert dense.prefill_flops(10, 5) == pytest.approx(5 * dense.linear_flops + dense.attn_flops * (11 + 12 + 13 + 14 + 15))
+
+
+@pytest.fixture(scope="module")
+def storage_bound():
+    """1P1D of paper-h800 nodes, 64 agents x 24 turns of paper-64k: the PE node's storage NIC binds."""
+    cfg = SimConfig(ClusterSpec(1, 1), workload="paper-64k", agents=64, turns=24, snic_mbps=4_000)
+    return {p: simulate(dataclasses.replace(cfg, policy=p), progress=False) for p in ("basic", "dualpath")} | \
+        {"oracle": simulate(dataclasses.replace(cfg, hardware="oracle", snic_mbps=None), progress=False)}
+
+
+def test_dualpath_uses_both_storage_nics(storage_bound):
+    basic, dual, oracle = storage_bound["basic"], storage_bound["dualpath"], storage_bound["oracle"]
+    assert basic["paths"] == {"pe": 64 * 24} and set(dual["paths"]) == {"pe", "de"}
+    assert basic["jct_s"] / dual["jct_s"] > 1.5  # two NICs instead of one, theory 2
+    assert oracle["jct_s"] < dual["jct_s"]
+    assert dual["snic_max_over_avg"] < basic["snic_max_over_avg"]
+    assert dual["relay_bytes"] > 0 and basic["relay_bytes"] == 0
+    assert basic["requests"] == 64 * 24 and basic["hit_rate"] > 0.9
+
+
+def test_custom_policy_object_runs_in_the_simulator():
+    from dualjax.policies import Policy
+
+    class Decode(Policy):
+        name = "always-de"
+
+        def path(self, request, pe, de):
+            return "de"
+
+    r = simulate(SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=8, turns=4), policy=Decode(),
+                 progress=False)
+    assert r["policy"] == "always-de" and r["paths"] == {"de": 32}
+
+
+def test_online_capacity_search():
+    from dualjax.sim.search import find_capacity
+    cfg = SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=256, turns=6)
+    result = find_capacity(cfg, start_aps=4.0, steps=3, log=lambda *_: None)
+    assert result["bracketed"]
+    trials = {t["aps"]: t["attained"] for t in result["trials"]}
+    assert result["capacity_aps"] > 0 and trials[result["capacity_aps"]] >= 0.9
+    assert any(a > result["capacity_aps"] and v < 0.9 for a, v in trials.items())
+
+
+def test_sim_cli_json_and_report(tmp_path, capsys):
+    out, js = tmp_path / "sim", tmp_path / "sim.json"
+    assert main(["sim", "--cluster", "1p2d", "--workload", "paper-32k", "--agents", "16", "--turns", "4",
+                 "--out", str(out), "--json", str(js), "--quiet"]) == 0
+    r = json.loads(js.read_text())
+    for key in ("jct_s", "tokens_per_s", "ttft_s", "tpot_s", "snic_max_over_avg", "events", "wall_s"):
+        assert r[key] is not None, key
+    assert (out / "report.json").exists() and (out / "storage.png").exists() and (out / "requests.npz").exists()
+    assert main(["report", str(out), "--png", str(tmp_path / "cmp.png")]) == 0  # the real runs' comparison reads it
+    assert main(["sim", "--hardware", "nowhere", "--out", str(out)]) == 2
+    assert "paper-h800" in capsys.readouterr().err
+
+
+def test_plan_sweep_recommends_a_split_inside_the_window(tmp_path, capsys):
+    js = tmp_path / "plan.json"
+    assert main(["plan", "--sweep", "--nodes", "3", "--workload", "paper-32k", "--agents", "24", "--turns", "4",
+                 "--json", str(js)]) == 0
+    r = json.loads(js.read_text())
+    assert [row["cluster"] for row in r["sweep"]] == ["1p2d", "2p1d"]
+    assert r["recommended"] in {"1p2d", "2p1d"} and r["min_p_over_d"] == pytest.approx(1 / 7)
+    assert main(["plan", "--sweep", "--nodes", "1"]) == 2
+
+
+def test_a_request_that_fits_no_engine_is_reported():
+    tiny_hbm = dataclasses.replace(PAPER_H800, hbm_bytes=31e9 + 1e8)  # weights + reserve leave 3,248 tokens
+    with pytest.raises(SimError, match="more than a decode engine holds"):
+        simulate(SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=2, turns=6), hardware=tiny_hbm,
+                 progress=False)
