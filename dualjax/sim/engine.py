@@ -366,6 +366,7 @@ class Simulation:
             self._start_pass(pe)
 
     def _start_pass(self, pe: PrefillEngine) -> None:
+        assert not pe.busy, "one pass at a time per PE"
         now = self.now
         ready = [r for r in pe.rows if r.t1 is not None]
         ready = [r for i, r in enumerate(ready) if r.t1 <= now or (i == 0 and self.layerwise)]
@@ -397,7 +398,6 @@ class Simulation:
         self.at(end, self._end_pass, pe, kept)
 
     def _end_pass(self, pe: PrefillEngine, plan) -> None:
-        pe.busy = False
         c, kvb = self.cols, self.kvb
         for w, n in plan:
             w.cached += n
@@ -418,6 +418,7 @@ class Simulation:
             arrive = max(pe.cnic.reserve(self.now, out)[1], de.cnic.reserve(self.now, out)[1],
                          de.node.dram.reserve(self.now, 2 * out)[1])
             self.at(arrive, self._join, de, rid)
+        pe.busy = False  # only now: releasing buffers above may issue reads that poke this PE
         self._start_pass(pe)
 
     # -- decode ------------------------------------------------------------------------------------
