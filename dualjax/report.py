@@ -3,7 +3,8 @@
 Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT, tokens/s,
 TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
 storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
-read in time windows, averaged over the windows where any host read. Plots: `storage.png`
+read in 1-s windows, averaged over the steady state (from the first to the last window in which
+every NIC read; `snic_max_over_avg_all_windows` counts every window in which any NIC read). Plots: `storage.png`
 (storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same
 report from its own columns (`write_report`), and `requests.npz` instead of `requests.jsonl`.
 """
@@ -45,8 +46,12 @@ def normalise(records: list[dict]) -> list[dict]:
     return out
 
 
-def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
-    """Mean over time windows of max/avg bytes read across storage NICs (1.0 = perfectly even)."""
+def snic_balance(hosts: list[dict], window_s: float = 1.0, steady: bool = True) -> float | None:
+    """Mean over time windows of max/avg bytes read across storage NICs (1.0 = perfectly even).
+
+    `steady`: only the windows from the first to the last in which every NIC read (the ramp-up
+    and the tail, when there is not enough work left to keep every NIC busy, are left out);
+    otherwise every window in which any NIC read."""
     series = [h["snic_series"] for h in hosts if h.get("snic_series") is not None]
     if not series or not any(series):
         return None
@@ -60,6 +65,10 @@ def snic_balance(hosts: list[dict], window_s: float = 1.0) -> float | None:
         per_host.append(np.diff(cum))
     m = np.stack(per_host)  # [hosts, windows]
     busy = m.sum(axis=0) > 0
+    if steady:
+        every = np.flatnonzero((m > 0).all(axis=0))
+        if every.size:
+            busy[:every[0]] = busy[every[-1] + 1:] = False
     if not busy.any():
         return None
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
@@ -102,6 +111,7 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, 
         "paths": {str(p): int(n) for p, n in zip(paths, counts)},
         "restarts": int(cols["restarts"].sum()),
         "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
+        "snic_max_over_avg_all_windows": snic_balance(hosts, steady=False),
         "hosts": per_host,
     }
 

@@ -148,3 +148,12 @@ def test_a_request_that_fits_no_engine_is_reported():
     with pytest.raises(SimError, match="more than a decode engine holds"):
         simulate(SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=2, turns=6), hardware=tiny_hbm,
                  progress=False)
+
+
+def test_storage_balance_over_the_steady_state():
+    from dualjax.report import snic_balance
+    a = {"snic_series": [(0, 0), (1, 10), (2, 20), (3, 30), (4, 40)]}  # 10 bytes in each of 4 windows
+    b = {"snic_series": [(0, 0), (1, 0), (2, 10), (3, 20), (4, 20)]}  # idle in the first and the last
+    assert snic_balance([a, b]) == pytest.approx(1.0)  # windows 1-2: both read 10
+    assert snic_balance([a, b], steady=False) == pytest.approx((2 + 1 + 1 + 2) / 4)
+    assert snic_balance([a, {"snic_series": [(0, 0), (4, 0)]}]) == pytest.approx(2.0)  # one NIC never reads
