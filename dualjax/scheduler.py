@@ -169,6 +169,7 @@ class Scheduler:
         self.group_tokens = np.array([self.tokens[m].sum() for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
         self._pe_full = False
+        self._de_blocked = None  # id of the request no DE could take, until a DE's load changes
 
     # -- state -------------------------------------------------------------------------------------
     def view(self, rank: int) -> EngineView:
@@ -187,6 +188,7 @@ class Scheduler:
         self.seq[i] += seq
         self.tokens[i] += tokens
         if self.roles[i] == "decode":
+            self._de_blocked = None
             self.free[i] -= tokens
             self.group_tokens[self.group_of[i]] += tokens
         elif tokens < 0:
@@ -204,6 +206,8 @@ class Scheduler:
         out = []
         while waiting:
             r = waiting[0]
+            if self._de_blocked == r.id:
+                break
             forced = self.policy.engines(r, *self._views()) if self._overrides else None
             pe = forced[0] if forced else self.pick_pe(r)
             de = None if pe is None else forced[1] if forced else self.pick_de(r, waiting)
@@ -234,11 +238,14 @@ class Scheduler:
 
     def pick_de(self, r: RequestView, queue: Waiting | None = None) -> int | None:
         """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""
+        if self._de_blocked == r.id:  # nothing changed on the DE side since r fitted nowhere
+            return None
         members = self.groups[int(self.group_tokens.argmin())]  # ties: the lowest node
         need = r.total_tokens
         free, t, seq = self.free[members].tolist(), self.tokens[members].tolist(), self.seq[members].tolist()
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:
+            self._de_blocked = r.id
             return None
         head = queue.head_tokens(sum(free)) if queue is not None else need
         z = 1.05 * (max(head, need) + sum(t)) / len(t)
