@@ -5,8 +5,8 @@
 Offline agentic workload (`agentic-e2e`: 8 agents x 6 turns, 1,024-token first round, 64-token
 appends, 8 generated tokens) on the `small` model. First an uncapped control run (compute-bound:
 storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would
-need 4x the control's JCT to read every hit block: loading dominates compute, as in the paper's
-regime. Then clusters 1p1d, 2p1d, 1p2d under basic / pe-only / dualpath, and 2p2d under dualpath
+need 4x (`--storage-factor`) the control's JCT to read every hit block: loading dominates
+compute, as in the paper's regime. Then clusters 1p1d, 2p1d, 1p2d under basic / pe-only / dualpath, and 2p2d under dualpath
 and round-robin for storage-NIC balance. All runs share this process and its 2 CPU cores, so
 hosts also contend for compute; only the per-host storage NIC bandwidth is emulated.
 """
@@ -34,6 +34,8 @@ QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "d
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--out", default="runs/bench-e2e", help="where the runs and plots go")
+    p.add_argument("--storage-factor", type=float, default=4.0,
+                   help="the cap makes one storage NIC need this many times the uncapped JCT (default 4)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t_start = time.time()
@@ -51,9 +53,10 @@ def main(argv=None) -> dict:
     run("warmup", snic_mbps=None)  # compiles every program the runs below use
     control = run("control-uncapped-1p1d-basic", policy="basic")
     hit_bytes = sum(h["storage_bytes"] for h in control["hosts"])
-    cap = hit_bytes / (4 * control["jct_s"])
-    log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in 4x the uncapped JCT)",
-             cap / 1e6, hit_bytes / 1e6)
+    k = args.storage_factor
+    cap = hit_bytes / (k * control["jct_s"])
+    log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
+             cap / 1e6, hit_bytes / 1e6, k)
     jct, balance, balance_all, reports = {}, {}, {}, []
     for cluster, policy in (QUICK if args.quick else FULL):
         name = f"{cluster}-{policy}"
@@ -70,7 +73,7 @@ def main(argv=None) -> dict:
     result = {
         "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick,
         "cap_mbps": cap / 1e6,
-        "cap_reason": "one storage NIC needs 4x the uncapped control's JCT to read every hit block",
+        "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
         "control_uncapped_jct_s": control["jct_s"], "hit_bytes": hit_bytes,
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
         "jct_s": jct, "snic_max_over_avg": balance, "snic_max_over_avg_all_windows": balance_all,

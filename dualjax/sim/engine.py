@@ -193,23 +193,24 @@ class Costs:
         reads = m.weight_bytes_per_gpu + kv + context * m.indexer_bytes_per_token
         return max(batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s)
 
-    def de_memory_tokens(self) -> int | None:
-        hw = self.hw
-        if hw.decode_fit is not None:  # as the runtime: every slot holds the workload's longest context
-            return (hw.decode_batch or 1) * self.capacity
-        return int((hw.hbm_bytes - self.model.weight_bytes_per_gpu - 10e9) // self.model.kv_bytes_per_token)
+    def _kv_hbm(self) -> float:
+        return self.hw.hbm_bytes - self.model.weight_bytes_per_gpu - self.hw.hbm_reserve_bytes
+
+    def de_memory_tokens(self) -> float:
+        if self.hw.decode_fit is not None:  # as the runtime: every slot holds the workload's longest context
+            return (self.hw.decode_batch or 1) * self.capacity
+        kv = self._kv_hbm()
+        return kv if math.isinf(kv) else int(kv // self.model.kv_bytes_per_token)
 
     def pe_memory_tokens(self, layerwise: bool) -> float:
         """Tokens of prefix + new KV one PE pass may hold on the GPU (layerwise: one layer at a time)."""
-        hw, m = self.hw, self.model
-        if hw.prefill_fit is not None:
+        if self.hw.prefill_fit is not None:
             return math.inf
-        free = hw.hbm_bytes - m.weight_bytes_per_gpu - 10e9
-        return free / (m.kv_bytes_per_token / (m.n_layers if layerwise else 1))
+        return self._kv_hbm() / (self.model.kv_bytes_per_token / (self.model.n_layers if layerwise else 1))
 
 
 class Simulation:
-    """Run with `run()`; results as per-request columns (`cols`) and per-node stats (`hosts`)."""
+    """Run with `run()`; then `columns()` per request and `host_stats()` per node."""
 
     def __init__(self, cfg: SimConfig, hw: Hardware, model: ModelCost, append: list[np.ndarray],
                  gen: list[np.ndarray], starts: np.ndarray, think_s: float = 0.0, policy: Policy | str | None = None,
@@ -231,11 +232,12 @@ class Simulation:
                 cnic = FifoLink(hw.cnic_bytes_per_s * hw.kv_share)
                 cls = PrefillEngine if node.role == "prefill" else DecodeEngine
                 self.engines[rank] = cls(rank, node, cnic)
-                views.append(EngineView(rank, node.role, node.id, free_tokens=de_mem if node.role == "decode" else None))
+                views.append(EngineView(rank, node.role, node.id,
+                                        free_tokens=None if node.role == "prefill" or math.isinf(de_mem) else de_mem))
                 rank += 1
-        if de_mem is not None and de_mem <= 0:
+        if de_mem <= 0:
             raise SimError(f"{model.name} leaves no device memory for KV on a {hw.name} GPU")
-        self.de_mem = math.inf if de_mem is None else de_mem
+        self.de_mem = de_mem
         self.kvb = model.kv_bytes_per_token
         self.T = cfg.block_tokens
         self.scheduler = Scheduler(self.policy, self.thresholds(), views)

@@ -87,6 +87,7 @@ class Hardware:
     efficiency: float  # fraction of peak a prefill pass or decode step reaches
     decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
+    hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
     # `local` only: measured fits instead of FLOPs. prefill: (a, b, c) of AttentionFit per row;
     # decode: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
     prefill_fit: tuple[float, float, float] | None = None
@@ -108,7 +109,7 @@ H800_PEAK = 989e12  # dense BF16 FLOP/s
 PAPER_H800 = Hardware(
     "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
     dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
-    hbm_bytes_per_s=3.35e12, flops_per_s=H800_PEAK, efficiency=0.4,
+    hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.4,
     notes="PAPER.md §2/§8 hardware; compute = model FLOPs at 40% of H800 dense BF16 peak; decode step = "
           "max(FLOPs, weights + KV read over HBM bandwidth); KV gets 99% of an idle CNIC (model traffic is not "
           "simulated, so KV is never squeezed); 256 GB PE/DE buffers per node; 10 GB of HBM kept for activations.")
