@@ -26,9 +26,19 @@ def plot_run(out_dir: str, report: dict, ttft) -> None:
     series = report.get("storage_series", {})
     fig, ax = plt.subplots(figsize=(7, 3.5))
     window = max(0.05, report["jct_s"] / 60)
-    for host, s in sorted(series.items()):
-        x, y = _bandwidth(s, window)
-        ax.plot(x, y, label=host)
+    if len(series) <= 8:
+        for host, s in sorted(series.items()):
+            x, y = _bandwidth(s, window)
+            ax.plot(x, y, label=host)
+    else:  # many hosts (simulated clusters): each role's mean, and its min-max band
+        for role in ("prefill", "decode"):
+            curves = [_bandwidth(s, window) for h, s in series.items() if h.startswith(role)]
+            if not curves:
+                continue
+            n = min(len(y) for _, y in curves)
+            x, ys = curves[0][0][:n], np.stack([y[:n] for _, y in curves])
+            line, = ax.plot(x, ys.mean(axis=0), label=f"{role} nodes (mean of {len(curves)})")
+            ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.25)
     ax.set(xlabel="time since the run started (s)", ylabel="storage read (MB/s)",
            title=f"{report['policy']}: storage read bandwidth per host ({window:.2f} s windows)")
     if series:

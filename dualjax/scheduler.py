@@ -168,7 +168,7 @@ class Scheduler:
         self.groups = [_compact(groups[n]) for n in sorted(groups)]
         self.group_tokens = np.array([self.tokens[m].sum() for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
-        self._pe_full = False
+        self._pe_open = int((self.tokens[self.pes] <= thresholds.beta_tokens).sum())  # PEs not over beta
         self._de_blocked = None  # id of the request no DE could take, until a DE's load changes
 
     # -- state -------------------------------------------------------------------------------------
@@ -191,8 +191,9 @@ class Scheduler:
             self._de_blocked = None
             self.free[i] -= tokens
             self.group_tokens[self.group_of[i]] += tokens
-        elif tokens < 0:
-            self._pe_full = False
+        else:
+            beta = self.th.beta_tokens
+            self._pe_open += int(self.tokens[i] <= beta) - int(self.tokens[i] - tokens <= beta)
 
     def set_read_queue(self, node: int, tokens: int) -> None:
         self.read_q[self.node_index[node]] = tokens
@@ -224,17 +225,14 @@ class Scheduler:
         return out
 
     def pick_pe(self, r: RequestView) -> int | None:
-        if self._pe_full:  # every PE was over beta, and none has shed tokens since
+        if not self._pe_open:  # every PE is over beta
             return None
         t = self.tokens[self.pes]
         # One key orders C2 before C3 and tokens within each; engines over beta are out.
         key = t + np.where(self.read_q <= self.th.alpha_tokens, 0, _C3)[self.pe_nodes]
         key[t > self.th.beta_tokens] = _OUT
         i = int(key.argmin())  # ties: the lowest rank
-        if key[i] == _OUT:
-            self._pe_full = True
-            return None
-        return self.ranks[_nth(self.pes, i)]
+        return None if key[i] == _OUT else self.ranks[_nth(self.pes, i)]
 
     def pick_de(self, r: RequestView, queue: Waiting | None = None) -> int | None:
         """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""

@@ -178,3 +178,10 @@ def test_e2e_benchmark_quick(tmp_path):
     assert set(result["speedup"]) == {"1p1d", "1p2d"}
     assert result["speedup"]["1p1d"] > 1.2  # storage-bound: the second path must pay off
     assert all(os.path.exists(p) for p in result["plots"])
+    # The simulator on this machine's calibrated profile, against these very runs.
+    from dualjax.sim.validate import main as validate
+    v = validate(["--real", str(tmp_path / "e2e.json"), "--profile", str(tmp_path / "local.json"),
+                  "--out", str(tmp_path / "validate")])
+    assert set(v["jct_error"]) == {"1p1d-control", "1p1d-basic", "1p1d-dualpath", "1p2d-basic", "1p2d-dualpath"}
+    assert set(v["speedup_error"]) == {"1p1d", "1p2d"} and v["sim_speedup"]["1p1d"] > 1.2
+    assert (tmp_path / "local.json").exists()  # calibrated on the way
