@@ -2,8 +2,9 @@
 
 On one machine every emulated host shares one disk, so per-host storage bandwidth does not exist
 physically (DESIGN.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
-`cap_bytes_per_s` when set (a leaky bucket with a burst of one read of at most `batch_bytes`),
-and counts what it carried.
+`cap_bytes_per_s` when set (a link: each read of at most `batch_bytes` is delivered once its
+transfer time at the cap has elapsed after the previous one's, across requests), and counts
+what it carried.
 Reads really come from the store; only the per-host bandwidth limit is emulated.
 
 A read fetches the Full Blocks of one request into a host buffer, either block-major or
@@ -75,6 +76,7 @@ class StorageNIC:
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
         self.name, self.cap, self.window, self.batch_bytes, self.clock = name, cap_bytes_per_s, window, batch_bytes, clock
+        self._link_free = 0.0  # when the emulated link has delivered everything issued so far
         self._pending: collections.deque[ReadTicket | None] = collections.deque()
         self._cond = threading.Condition()
         self._q_bytes = self._q_tokens = 0
@@ -136,7 +138,6 @@ class StorageNIC:
 
     def _serve(self, t: ReadTicket) -> None:
         layout, n = t.store.layout, len(t.hashes)
-        next_t = self.clock()
         inflight: collections.deque = collections.deque()
         valid, done_per_layer = n, collections.Counter()
 
@@ -162,8 +163,8 @@ class StorageNIC:
             if good > b0:
                 if self.cap:
                     cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
-                    next_t = max(next_t, self.clock()) + cost
-                    time.sleep(max(0.0, next_t - cost - self.clock()))
+                    self._link_free = max(self._link_free, self.clock()) + cost
+                    time.sleep(max(0.0, self._link_free - self.clock()))
                 reads = t.store.get(t.hashes[b0:good], t.out[b0:good], layers=layers)
             inflight.append((b0, layers, reads + [_Skipped()] * (b1 - good)))
             while len(inflight) >= self.window or (inflight and all(r.done() for r in inflight[0][2])):

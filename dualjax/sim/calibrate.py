@@ -6,7 +6,9 @@ What the embedded runtime's hosts spend, measured here with the runtime's own co
 * decode: seconds of one fixed-shape decode step (`DecodeCache.step` over `decode_slots` slots)
   at several slot capacities, fitted as d0 + d1 * capacity;
 * storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
-* relay: bytes/s of `LayerKV` messages through the in-process transport (one copy each).
+* relay: bytes/s of `LayerKV` messages through the in-process transport (one copy each);
+* contention: how much a prefill pass and a decode step slow each other down when they run at
+  once (all embedded hosts share this machine's cores).
 One engine per host, as `dualjax run --embedded` runs: every host is its own node.
 """
 
@@ -52,6 +54,45 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     return max(0.0, float(d0)), max(0.0, float(d1))
 
 
+def contention(model: str, slots: int, repeats: int = 5) -> float:
+    """How much slower a prefill pass and a decode step run while the other computes in another
+    thread (what embedded hosts do to each other on this machine's cores): their geometric mean."""
+    import threading
+
+    from dualjax.profile import _prefill_seconds
+    cfg = models.get_config(model)
+    params = models.init_params(cfg, 0)
+    cache = models.DecodeCache(cfg, slots, 2048)
+    tokens = np.zeros(slots, np.int32)
+
+    def step():
+        cache.lengths[:] = 1024
+        cache.step(params, tokens)
+
+    def timed(fn, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    def while_running(background, fn, n):
+        stop = threading.Event()
+        worker = threading.Thread(target=lambda: [background() for _ in iter(stop.is_set, True)])
+        worker.start()
+        try:
+            return timed(fn, n)
+        finally:
+            stop.set()
+            worker.join()
+
+    step()
+    prefill = lambda: _prefill_seconds(model, 1024, 64, repeats=1)  # noqa: E731
+    prefill()
+    alone = timed(prefill, repeats), timed(step, 4 * repeats)
+    shared = while_running(step, prefill, repeats), while_running(prefill, step, 4 * repeats)
+    return float(np.sqrt(shared[0] / alone[0] * shared[1] / alone[1]))
+
+
 def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
     """`LayerKV` messages of one layer's KV through the in-process transport, sent and received."""
     fabric = InProcFabric(2)
@@ -74,12 +115,13 @@ def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", dec
     d0, d1 = decode_fit(model, decode_slots)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
+    slowdown = contention(model, decode_slots)
     hw = Hardware(
         "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
         dram_bytes_per_s=math.inf, pe_buffer_bytes=cfg.pe_buffer_mb * 2**20, de_buffer_bytes=cfg.de_buffer_mb * 2**20,
         hbm_bytes=math.inf, hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0,
         decode_batch=decode_slots, padded=True, prefill_fit=(fit.a, fit.b, fit.c), decode_fit=(d0, d1),
-        relay_bytes_per_s=relay, model=model,
+        relay_bytes_per_s=relay, model=model, contention=slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies")
     save_hardware(hw, path)

@@ -258,6 +258,7 @@ class Simulation:
         self.events_done = 0
         self.rng = np.random.default_rng([cfg.workload_seed, 11])
         self.dirty, self.completed = False, 0
+        self.shared = hw.contention > 1.0  # engines share one machine's compute (the `local` profile)
 
     def thresholds(self) -> Thresholds:
         spec_new, spec_cached = 256, 1024  # the runtime's profiling shape (dualjax.profile)
@@ -386,6 +387,8 @@ class Simulation:
             dur = len(kept) * self.costs.predict(max(w.cached for w, _ in kept), max(n for _, n in kept))
         else:
             dur = sum(self.costs.predict(w.cached, n) for w, n in kept)
+        if self.shared:
+            dur *= self._slowdown(pe)
         end = now + dur
         first = kept[0][0]
         if first.t1 > now:  # layerwise over a loading row: layer l runs once layer l has arrived
@@ -398,6 +401,8 @@ class Simulation:
         pe.busy = True
         pe.busy_s += end - now
         self.at(end, self._end_pass, pe, kept)
+        if self.shared:
+            self._retime_decoders()
 
     def _end_pass(self, pe: PrefillEngine, plan) -> None:
         c, kvb = self.cols, self.kvb
@@ -422,6 +427,8 @@ class Simulation:
             self.at(arrive, self._join, de, rid)
         pe.busy = False  # only now: releasing buffers above may issue reads that poke this PE
         self._start_pass(pe)
+        if self.shared and not pe.busy:
+            self._retime_decoders()
 
     # -- decode ------------------------------------------------------------------------------------
     def _join(self, de: DecodeEngine, rid: int) -> None:
@@ -456,11 +463,25 @@ class Simulation:
         for rid in joined:
             c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
 
+    def _slowdown(self, engine) -> float:
+        """`local`: engines share the machine's cores; each other engine computing costs `contention`."""
+        others = sum(1 for e in self.engines.values()
+                     if e is not engine and (e.busy if isinstance(e, PrefillEngine) else e.n))
+        return 1.0 + (self.hw.contention - 1.0) * others
+
+    def _retime_decoders(self) -> None:
+        for e in self.engines.values():
+            if isinstance(e, DecodeEngine) and e.n:
+                self._advance(e)
+                self._retime(e)
+
     def _retime(self, de: DecodeEngine) -> None:
         de.version += 1
         if not de.n:
             return
         de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps)
+        if self.shared:
+            de.step_s *= self._slowdown(de)
         due = self.now + max(0.0, de.members[0][0] - de.steps) * de.step_s
         self.at(due, self._decode_event, de, de.version)
 

@@ -88,6 +88,9 @@ class Hardware:
     decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
     hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
+    # `local`: every engine shares one machine's cores; an op runs this much slower per other engine
+    # computing at the same time (1.0: engines have their own compute, as GPUs do)
+    contention: float = 1.0
     # `local` only: measured fits instead of FLOPs. prefill: (a, b, c) of AttentionFit per row;
     # decode: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
     prefill_fit: tuple[float, float, float] | None = None

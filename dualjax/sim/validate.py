@@ -30,6 +30,7 @@ def main(argv=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
+    p.add_argument("--storage-factor", type=float, help="passed to the e2e benchmark (its default: 6)")
     p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
     p.add_argument("--out", default="runs/sim-validate")
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
@@ -42,7 +43,8 @@ def main(argv=None) -> dict:
             real = json.load(f)
     else:
         from benchmarks import e2e
-        real = e2e.main(["--out", os.path.join(args.out, "real")] + (["--quick"] if args.quick else []))
+        real = e2e.main(["--out", os.path.join(args.out, "real")] + (["--quick"] if args.quick else []) +
+                        (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
     if not os.path.exists(args.profile):
         from dualjax.sim.calibrate import calibrate
         log.info("no local profile yet: calibrating (%s)", args.profile)
@@ -75,7 +77,8 @@ def main(argv=None) -> dict:
         "max_abs_speedup_error": max(abs(v) for v in speedup_error.values()) if speedup_error else None,
         "targets": {"jct_error": 0.15, "speedup_error": 0.10}, "profile": hw.notes, "wall_s": time.time() - t0,
         "notes": "Real: embedded clusters sharing this machine's cores (see bench e2e). Simulated: the local "
-                 "profile, one engine per host, each with its own compute (no contention between hosts).",
+                 "profile, one engine per host; engines computing at once slow each other by the measured "
+                 "contention factor.",
     }
     emit(result, args.json)
     return result
