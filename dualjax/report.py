@@ -11,7 +11,6 @@ report from its own columns (`write_report`), and `requests.npz` instead of `req
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os

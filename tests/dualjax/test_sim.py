@@ -10,7 +10,7 @@ import pytest
 from dualjax.cli import main
 from dualjax.config import ClusterSpec
 from dualjax.sim import SimConfig, SimError, Simulation, simulate
-from dualjax.sim.engine import Buffer, FifoLink
+from dualjax.sim.resources import Buffer, FifoLink
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
