@@ -1,7 +1,8 @@
-"""The DualPath scheduler (PAPER.md §7), over plain snapshots: no MPI, no JAX.
+"""The DualPath scheduler (PAPER.md §7): no MPI, no JAX, so the runtime and the simulator run it alike.
 
-Engines report `seq` (unfinished requests), `tokens` (their tokens) and their node's storage
-read queue; the scheduler places requests from the global FIFO queue:
+It keeps each engine's `seq` (unfinished requests), `tokens` (their tokens), a DE's free memory
+and each node's storage read queue (what its owner reports), and places requests from the
+global FIFO queue; policies see plain `EngineView` snapshots:
 
 * PE: drop engines with tokens > beta; C2 = the rest whose node read queue <= alpha, C3 = those
   above; take min tokens in C2, else in C3; neither -> stop (the request waits).
