@@ -82,6 +82,7 @@ class PrefillHost(Host):
         self.admit_q: queue.Queue = queue.Queue()
         self.work_q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
+        self.passes, self.pass_s, self.pass_predicted_s = 0, 0.0, 0.0
         self.fit = attention_fit(cfg.model)
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._work_loop, name="worker")
@@ -128,7 +129,12 @@ class PrefillHost(Host):
                 continue
             plan = pack([Work(r, r.next, r.a.request.prompt_len - r.next) for r in ready], self.fit,
                         self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk)
-            for r in self._pass([(w.key, n) for w, n in plan]):
+            t0 = time.perf_counter()
+            finished = self._pass([(w.key, n) for w, n in plan])
+            self.passes += 1  # measured against the fit's prediction (`dualjax calibrate` uses both)
+            self.pass_s += time.perf_counter() - t0
+            self.pass_predicted_s += len(plan) * self.fit.predict(max(w.cached for w, _ in plan), max(n for _, n in plan))
+            for r in finished:
                 rows.remove(r)
                 self.buffer.release(r.nbytes)
                 self.inboxes.pop(r.a.request.id, None)
@@ -211,4 +217,5 @@ class PrefillHost(Host):
         self.transport.send(0, PrefillFinished(r.a.request.id))
 
     def stats(self) -> dict:
-        return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak}
+        return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak,
+                "passes": self.passes, "pass_s": self.pass_s, "pass_predicted_s": self.pass_predicted_s}

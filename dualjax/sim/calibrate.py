@@ -8,13 +8,17 @@ What the embedded runtime's hosts spend, measured here with the runtime's own co
 * storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
 * relay: bytes/s of `LayerKV` messages through the in-process transport (one copy each);
 * contention: how much a prefill pass and a decode step slow each other down when they run at
-  once (all embedded hosts share this machine's cores).
+  once (all embedded hosts share this machine's cores);
+* host overheads: a one-agent embedded run times the hosts' own passes and steps, which do more
+  than the bare model (prefix assembly, sends, bookkeeping); the fits are scaled to match.
 One engine per host, as `dualjax run --embedded` runs: every host is its own node.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 
 import numpy as np
@@ -105,6 +109,23 @@ def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
     return messages * kv.nbytes / (time.perf_counter() - t0)
 
 
+def host_overheads(model: str, decode_slots: int, scratch: str) -> tuple[float, float, int]:
+    """(prefill pass time / the fit's prediction, seconds per decode step, decode capacity) of the
+    runtime's own hosts: a one-agent embedded run (`agentic-small`, so PE and DE never compute at
+    once), run twice so the second one is compiled. The hosts do more than the bare model: prefix
+    assembly per layer, sends, per-slot bookkeeping."""
+    from dualjax.decode import decode_capacity
+    from dualjax.runtime import run_embedded
+    for attempt in range(2):
+        cfg = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-small", agents=1, turns=6,
+                        policy="pe-only", decode_slots=decode_slots, out=os.path.join(scratch, f"run{attempt}"))
+        shutil.rmtree(cfg.out, ignore_errors=True)
+        hosts = {h["role"]: h for h in run_embedded(cfg, progress=False)["hosts"]}
+    pe, de = hosts["prefill"], hosts["decode"]
+    return (pe["pass_s"] / pe["pass_predicted_s"], de["busy_s"] / de["decode_steps"],
+            decode_capacity(cfg, models.get_config(model)))
+
+
 def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", decode_slots: int = 8,
               block_tokens: int = 64, path: str = DEFAULT_LOCAL) -> Hardware:
     """Measure, write the `local` profile to `path` and return it."""
@@ -116,13 +137,19 @@ def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", dec
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
     slowdown = contention(model, decode_slots)
+    prefill_scale, step_s, capacity = host_overheads(model, decode_slots, os.path.join(os.path.dirname(store_dir),
+                                                                                        "hosts"))
+    decode_scale = step_s / (d0 + d1 * capacity)
     hw = Hardware(
         "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
         dram_bytes_per_s=math.inf, pe_buffer_bytes=cfg.pe_buffer_mb * 2**20, de_buffer_bytes=cfg.de_buffer_mb * 2**20,
         hbm_bytes=math.inf, hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0,
-        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a, fit.b, fit.c), decode_fit=(d0, d1),
+        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a * prefill_scale, fit.b * prefill_scale,
+                                                             fit.c * prefill_scale),
+        decode_fit=(d0 * decode_scale, d1 * decode_scale),
         relay_bytes_per_s=relay, model=model, contention=slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
-              f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies")
+              f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
+              f"model fits scaled to the hosts' own timings: prefill x{prefill_scale:.2f}, decode x{decode_scale:.2f}")
     save_hardware(hw, path)
     return hw
