@@ -123,10 +123,14 @@ class Waiting:
 
 
 def _compact(indices: list[int]):
-    """A slice when the indices are a contiguous run (numpy views are cheaper), else an array."""
+    """A slice when the indices are a contiguous run (cheaper to take), else an array."""
     if indices == list(range(indices[0], indices[-1] + 1)):
         return slice(indices[0], indices[-1] + 1)
     return np.array(indices)
+
+
+def _take(values: list, indices) -> list:
+    return values[indices] if isinstance(indices, slice) else [values[i] for i in indices]
 
 
 def _nth(indices, i: int) -> int:
@@ -148,9 +152,11 @@ class Scheduler:
         self.ranks = [e.rank for e in engines]
         self.index = {r: i for i, r in enumerate(self.ranks)}
         self.roles = [e.role for e in engines]
-        self.seq = np.array([e.seq for e in engines], np.int64)
-        self.tokens = np.array([e.tokens for e in engines], np.int64)
-        self.free = np.array([math.inf if e.free_tokens is None else e.free_tokens for e in engines], float)
+        # Per-engine scalars as Python lists (cheap to update one at a time); PE tokens also as an
+        # array for the vectorised PE choice.
+        self.seq = [e.seq for e in engines]
+        self.tokens = [e.tokens for e in engines]
+        self.free = [math.inf if e.free_tokens is None else e.free_tokens for e in engines]
         nodes = sorted({e.node for e in engines})
         self.node_ids = nodes
         self.node_index = {n: i for i, n in enumerate(nodes)}
@@ -159,7 +165,10 @@ class Scheduler:
         for e in engines:  # engines of a node share its queue
             n = self.node_index[e.node]
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
-        self.pes = _compact([i for i, r in enumerate(self.roles) if r == "prefill"])
+        pes = [i for i, r in enumerate(self.roles) if r == "prefill"]
+        self.pes = _compact(pes)
+        self.pe_pos = {i: k for k, i in enumerate(pes)}
+        self.pe_tokens = np.array([self.tokens[i] for i in pes], np.int64)
         self.pe_nodes = self.node_of[self.pes]
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(self.roles):
@@ -167,16 +176,16 @@ class Scheduler:
                 groups.setdefault(int(self.node_of[i]), []).append(i)
         self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
         self.groups = [_compact(groups[n]) for n in sorted(groups)]
-        self.group_tokens = np.array([self.tokens[m].sum() for m in self.groups], np.int64)
+        self.group_tokens = np.array([sum(_take(self.tokens, m)) for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
-        self._pe_open = int((self.tokens[self.pes] <= thresholds.beta_tokens).sum())  # PEs not over beta
+        self._pe_open = int((self.pe_tokens <= thresholds.beta_tokens).sum())  # PEs not over beta
         self._de_blocked = None  # id of the request no DE could take, until a DE's load changes
 
     # -- state -------------------------------------------------------------------------------------
     def view(self, rank: int) -> EngineView:
         i = self.index[rank]
-        return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], int(self.seq[i]), int(self.tokens[i]),
-                          int(self.read_q[self.node_of[i]]), None if self.free[i] == math.inf else int(self.free[i]))
+        return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], self.seq[i], self.tokens[i],
+                          int(self.read_q[self.node_of[i]]), None if self.free[i] == math.inf else self.free[i])
 
     def _views(self) -> tuple[list[EngineView], list[EngineView]]:
         views = [self.view(r) for r in self.ranks]
@@ -187,14 +196,16 @@ class Scheduler:
         memory moves the other way."""
         i = self.index[rank]
         self.seq[i] += seq
-        self.tokens[i] += tokens
+        before = self.tokens[i]
+        self.tokens[i] = after = before + tokens
         if self.roles[i] == "decode":
             self._de_blocked = None
             self.free[i] -= tokens
             self.group_tokens[self.group_of[i]] += tokens
         else:
+            self.pe_tokens[self.pe_pos[i]] = after
             beta = self.th.beta_tokens
-            self._pe_open += int(self.tokens[i] <= beta) - int(self.tokens[i] - tokens <= beta)
+            self._pe_open += (after <= beta) - (before <= beta)
 
     def set_read_queue(self, node: int, tokens: int) -> None:
         self.read_q[self.node_index[node]] = tokens
@@ -228,7 +239,7 @@ class Scheduler:
     def pick_pe(self, r: RequestView) -> int | None:
         if not self._pe_open:  # every PE is over beta
             return None
-        t = self.tokens[self.pes]
+        t = self.pe_tokens
         # One key orders C2 before C3 and tokens within each; engines over beta are out.
         key = t + np.where(self.read_q <= self.th.alpha_tokens, 0, _C3)[self.pe_nodes]
         key[t > self.th.beta_tokens] = _OUT
@@ -241,7 +252,7 @@ class Scheduler:
             return None
         members = self.groups[int(self.group_tokens.argmin())]  # ties: the lowest node
         need = r.total_tokens
-        free, t, seq = self.free[members].tolist(), self.tokens[members].tolist(), self.seq[members].tolist()
+        free, t, seq = _take(self.free, members), _take(self.tokens, members), _take(self.seq, members)
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:
             self._de_blocked = r.id

@@ -38,15 +38,23 @@ class ModelCost:
     weight_bytes_per_gpu: float = 0.0  # weights one GPU holds (and a decode step reads)
 
     def prefill_flops(self, cached: int, new: int) -> float:
-        end = cached + new
-        full = (end * (end + 1) - cached * (cached + 1)) / 2  # sum of positions cached+1 .. end
-        w = self.window
-        if w is None or end <= w:
-            visible = full
-        else:  # sum of min(p, w)
-            tri = lambda n: n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w  # noqa: E731
-            visible = tri(end) - tri(cached)
-        return new * self.linear_flops + self.attn_flops * visible + self.indexer_flops * full
+        return self.prefill_seconds(1.0)(cached, new)
+
+    def prefill_seconds(self, flops_per_s: float):
+        """A fast fn(cached, new) -> seconds of prefill at `flops_per_s` (the simulator calls it a lot)."""
+        lin, att, idx, w = (self.linear_flops / flops_per_s, self.attn_flops / flops_per_s,
+                            self.indexer_flops / flops_per_s, self.window)
+        tri_w = w * (w + 1) / 2 if w else 0.0
+
+        def seconds(cached: int, new: int) -> float:
+            end = cached + new
+            full = (end * (end + 1) - cached * (cached + 1)) / 2  # sum of positions cached+1 .. end
+            if w is None or end <= w:
+                visible = full
+            else:  # sum of min(p, w)
+                visible = tri_w + (end - w) * w - (cached * (cached + 1) / 2 if cached <= w else tri_w + (cached - w) * w)
+            return new * lin + att * visible + idx * full
+        return seconds
 
     def decode_read_bytes(self, context: int) -> float:
         """Bytes of KV (and indexer keys) one decode step reads for one sequence."""

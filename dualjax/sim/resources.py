@@ -99,7 +99,7 @@ class Costs:
             a, b, c = hw.prefill_fit
             self.predict = lambda cached, new: a * new * (cached + new / 2) + b * new + c  # noqa: E731
         else:
-            self.predict = lambda cached, new: model.prefill_flops(cached, new) / self.rate  # noqa: E731
+            self.predict = model.prefill_seconds(self.rate)
 
     def decode_step_s(self, batch: int, context: float) -> float:
         hw, m = self.hw, self.model
