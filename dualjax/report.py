@@ -4,8 +4,8 @@ Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT
 TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
 storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
 read in 1-s windows, averaged over the steady state (from the first to the last window in which
-every NIC read; `snic_max_over_avg_all_windows` counts every window in which any NIC read). Plots: `storage.png`
-(storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same
+every NIC read; `snic_max_over_avg_all_windows` counts every window in which any NIC read).
+Plots: `storage.png` (storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same
 report from its own columns (`write_report`), and `requests.npz` instead of `requests.jsonl`.
 """
 
