@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from dualjax.compare import main as report_main
             return report_main(args)
-    except (ConfigError, KeyError, ValueError, StoreError, FileNotFoundError) as e:  # SimError is a ValueError  # bad flags, presets, stores: one clear line
+    except (ConfigError, KeyError, ValueError, StoreError, FileNotFoundError) as e:  # bad flags, presets, stores
+        # (and SimError, a ValueError): one clear line
         print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 2

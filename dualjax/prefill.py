@@ -133,7 +133,8 @@ class PrefillHost(Host):
             finished = self._pass([(w.key, n) for w, n in plan])
             self.passes += 1  # measured against the fit's prediction (`dualjax calibrate` uses both)
             self.pass_s += time.perf_counter() - t0
-            self.pass_predicted_s += len(plan) * self.fit.predict(max(w.cached for w, _ in plan), max(n for _, n in plan))
+            self.pass_predicted_s += len(plan) * self.fit.predict(max(w.cached for w, _ in plan),
+                                                                  max(n for _, n in plan))
             for r in finished:
                 rows.remove(r)
                 self.buffer.release(r.nbytes)

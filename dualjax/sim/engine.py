@@ -74,7 +74,9 @@ class Row:
     __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started")
 
     def __init__(self, rid: int, cached: int, remaining: int):
-        self.rid, self.cached, self.remaining, self.t0, self.t1, self.started = rid, cached, remaining, None, None, False
+        self.rid, self.cached, self.remaining = rid, cached, remaining
+        self.t0 = self.t1 = None
+        self.started = False
 
 
 class PrefillEngine:

@@ -52,7 +52,8 @@ class ModelCost:
             if w is None or end <= w:
                 visible = full
             else:  # sum of min(p, w)
-                visible = tri_w + (end - w) * w - (cached * (cached + 1) / 2 if cached <= w else tri_w + (cached - w) * w)
+                before = cached * (cached + 1) / 2 if cached <= w else tri_w + (cached - w) * w
+                visible = tri_w + (end - w) * w - before
             return new * lin + att * visible + idx * full
         return seconds
 
@@ -140,7 +141,8 @@ def get_hardware(name: str) -> Hardware:
         return ORACLE
     path = DEFAULT_LOCAL if name == "local" else name
     if not os.path.exists(path):
-        hint = "run `dualjax calibrate` first" if name == "local" else "profiles: paper-h800, oracle, local, or a JSON file"
+        hint = ("run `dualjax calibrate` first" if name == "local"
+                else "profiles: paper-h800, oracle, local, or a JSON file")
         raise FileNotFoundError(f"no hardware profile {name!r} ({path} missing): {hint}")
     with open(path) as f:
         d = json.load(f)
