@@ -2,7 +2,7 @@
 
     dualjax bench e2e --json FILE [--quick]
 
-Offline agentic workload (`agentic-e2e`: 8 agents x 6 turns, 1,024-token first round, 64-token
+Offline agentic workload (`agentic-e2e`: 10 agents x 5 turns, 1,024-token first round, 64-token
 appends, 8 generated tokens) on the `small` model. First an uncapped control run (compute-bound:
 storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would
 need 6x (`--storage-factor`) the control's JCT to read every hit block: loading dominates
