@@ -27,7 +27,7 @@ import models
 from dualjax.config import ClusterSpec, RunConfig
 from dualjax.layout import run_layout
 from dualjax.messages import LayerKV
-from dualjax.profile import attention_fit, store_read_bytes_per_s
+from dualjax.profile import _params, _prefill_seconds, attention_fit, store_read_bytes_per_s
 from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
 from dualjax.transport import InProcFabric
 
@@ -37,7 +37,7 @@ CAPACITIES = (256, 512, 1024, 2048)
 def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     """(d0, d1): a decode step over `slots` slots of capacity C takes d0 + d1 * C seconds."""
     cfg = models.get_config(model)
-    params = models.init_params(cfg, 0)
+    params = _params(model)
     xs, ys = [], []
     for cap in CAPACITIES:
         if cap > cfg.max_seq_len:
@@ -63,9 +63,8 @@ def contention(model: str, slots: int, repeats: int = 5) -> float:
     thread (what embedded hosts do to each other on this machine's cores): their geometric mean."""
     import threading
 
-    from dualjax.profile import _prefill_seconds
     cfg = models.get_config(model)
-    params = models.init_params(cfg, 0)
+    params = _params(model)
     cache = models.DecodeCache(cfg, slots, 2048)
     tokens = np.zeros(slots, np.int32)
 
@@ -147,7 +146,7 @@ def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", dec
         decode_batch=decode_slots, padded=True, prefill_fit=(fit.a * prefill_scale, fit.b * prefill_scale,
                                                              fit.c * prefill_scale),
         decode_fit=(d0 * decode_scale, d1 * decode_scale),
-        relay_bytes_per_s=relay, model=model, contention=slowdown,
+        model=model, contention=slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
               f"model fits scaled to the hosts' own timings: prefill x{prefill_scale:.2f}, decode x{decode_scale:.2f}")

@@ -96,7 +96,7 @@ def cmd_calibrate(args) -> int:
     print(f"local profile ({args.model}) -> {path}\n"
           f"  prefill: {a:.3g} s x new x (cached + new/2) + {b:.3g} s x new + {c:.3g} s per pass row\n"
           f"  decode step: {hw.decode_fit[0] * 1e3:.2f} ms + {hw.decode_fit[1] * 1e6:.3f} us x capacity\n"
-          f"  storage read {hw.snic_bytes_per_s / 1e9:.2f} GB/s   relay {hw.relay_bytes_per_s / 1e9:.2f} GB/s")
+          f"  storage read {hw.snic_bytes_per_s / 1e9:.2f} GB/s   relay {hw.cnic_bytes_per_s / 1e9:.2f} GB/s")
     return 0
 
 

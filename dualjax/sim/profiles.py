@@ -57,11 +57,6 @@ class ModelCost:
             return new * lin + att * visible + idx * full
         return seconds
 
-    def decode_read_bytes(self, context: int) -> float:
-        """Bytes of KV (and indexer keys) one decode step reads for one sequence."""
-        visible = context if self.window is None else min(context, self.window)
-        return visible * self.kv_bytes_per_token + context * self.indexer_bytes_per_token
-
 
 def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
     """The cost model of a preset (from its config), or `deepseek-v3.2`."""
@@ -104,7 +99,6 @@ class Hardware:
     # decode: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
     prefill_fit: tuple[float, float, float] | None = None
     decode_fit: tuple[float, float] | None = None
-    relay_bytes_per_s: float | None = None
     model: str | None = None  # the model a calibrated profile was measured with
     notes: str = ""
 
