@@ -1,14 +1,18 @@
 """Model throughput on this machine: prefill tokens/s over a (cached, new) grid, decode tokens/s
 at several batch sizes, and the fraction of this machine's matmul FLOP/s that prefill reaches
-(the matmul roofline is measured in the same run).
+(the matmul roofline, in the model's dtype, is measured in the same run). Decode also reports
+the bytes per second a step reads (weights + KV), the measure of a memory-bound step.
 
-    python -m benchmarks.model --json FILE [--quick] [--model small]
+    dualjax bench model --json FILE [--quick] [--model small]
+
+On a GPU, any preset fits (random weights, initialised on the device): `--model qwen2.5-7b`.
 """
 
 from __future__ import annotations
 
 import logging
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -45,16 +49,21 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
         return out
 
     seconds = timeit(run, repeats=3, warmup=0)
-    return {"batch": batch, "context": context, "tokens_per_s": batch * steps / seconds,
-            "step_ms": 1e3 * seconds / steps}
+    step_s = seconds / steps
+    read = models.param_bytes(cfg) + batch * context * models.kv_bytes_per_token(cfg)
+    return {"batch": batch, "context": context, "tokens_per_s": batch / step_s, "step_ms": 1e3 * step_s,
+            "bytes_read_per_s": read / step_s}
 
 
 def main(argv=None) -> dict:
-    args = parser(__doc__).parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--model", default="small", help="a model preset (default small)")
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    cfg = models.get_config("small")
+    cfg = models.get_config(args.model)
     params = models.init_params(cfg, seed=0)
-    peak = matmul_flops_per_s()
+    accelerator = jax.default_backend() != "cpu"
+    peak = matmul_flops_per_s(8192 if accelerator else 1024, cfg.jnp_dtype)
     grid = [(0, 256), (1024, 256), (4096, 256)] if args.quick else \
         [(0, 256), (0, 1024), (1024, 256), (4096, 256), (4096, 1024), (16384, 256)]
     prefill = []
@@ -73,8 +82,9 @@ def main(argv=None) -> dict:
         "prefill": prefill, "decode": decode,
         "prefill_fraction_of_matmul_peak": best / peak,
         "prefill_fraction_by_cell": {f"{p['cached']}+{p['new']}": p["flops_per_s"] / peak for p in prefill},
-        "notes": "float32 on CPU; matmul peak = jitted 1024^3 float32 matmul measured in this run; "
-                 "prefill FLOPs from models.costs (linear + causal attention).",
+        "notes": f"{cfg.dtype} on {jax.default_backend()}; matmul peak = a jitted "
+                 f"{8192 if accelerator else 1024}^3 {cfg.dtype} matmul measured in this run; prefill FLOPs from "
+                 "models.costs (linear + causal attention); random weights.",
     }
     emit(result, args.json)
     return result

@@ -39,9 +39,17 @@ def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None):
     if reshape:
         tensors[reshape] = tensors[reshape][:-1]
     names = sorted(tensors)
-    for s in range(shards):
-        save_file({k: tensors[k] for k in names[s::shards]}, str(path / f"model-{s:05d}-of-{shards:05d}.safetensors"))
-    hf = {"architectures": [arch], "vocab_size": cfg.vocab, "hidden_size": cfg.d_model,
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"))
+    else:  # as Hugging Face shards: numbered files and an index of which holds what
+        weight_map = {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({k: tensors[k] for k in names[s::shards]}, str(path / file))
+            weight_map.update({k: file for k in names[s::shards]})
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}.get(arch, "unknown")
+    hf = {"architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab, "hidden_size": cfg.d_model,
           "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
           "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffw,
           "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,

@@ -84,7 +84,8 @@ def test_layerwise_rejects_out_of_order_layers(tiny, rng):
 
 def test_sharded_four_devices_equals_single(tiny, rng):
     cfg, params = tiny
-    assert len(jax.devices()) >= 4
+    if len(jax.devices()) < 4:  # CPU: conftest provides 4; one GPU does not
+        pytest.skip(f"needs 4 devices, {jax.default_backend()} has {len(jax.devices())}")
     mesh = models.make_mesh(jax.devices()[:4])
     sharded = models.shard_params(params, cfg, mesh)
     assert sharded["layers"][0]["wq"].sharding.spec[1] == "tp"  # heads really split
