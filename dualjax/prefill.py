@@ -29,6 +29,7 @@ from dualjax.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Read
 from dualjax.profile import attention_fit
 from kvstore import block_chain
 from models import Layerwise, greedy
+from models.prefill import DEFAULT_BUCKETS
 
 
 class _Inbox:
@@ -83,6 +84,7 @@ class PrefillHost(Host):
         self.work_q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
         self.passes, self.pass_s, self.pass_predicted_s = 0, 0.0, 0.0
+        self.pass_shapes: dict[str, list] = {}  # "BxTxS" (rows, padded new, padded prefix) -> [passes, seconds]
         self.fit = attention_fit(cfg.model)
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._work_loop, name="worker")
@@ -131,10 +133,15 @@ class PrefillHost(Host):
                         self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk)
             t0 = time.perf_counter()
             finished = self._pass([(w.key, n) for w, n in plan])
-            self.passes += 1  # measured against the fit's prediction (`dualjax calibrate` uses both)
-            self.pass_s += time.perf_counter() - t0
-            self.pass_predicted_s += len(plan) * self.fit.predict(max(w.cached for w, _ in plan),
-                                                                  max(n for _, n in plan))
+            seconds = time.perf_counter() - t0
+            cached, new = max(w.cached for w, _ in plan), max(n for _, n in plan)
+            self.passes += 1  # against the fit's prediction, and by padded shape (`dualjax calibrate`)
+            self.pass_s += seconds
+            self.pass_predicted_s += len(plan) * self.fit.predict(cached, new)
+            key = "x".join(map(str, DEFAULT_BUCKETS.pass_shape(len(plan), cached, new)))
+            tally = self.pass_shapes.setdefault(key, [0, 0.0])
+            tally[0] += 1
+            tally[1] += seconds
             for r in finished:
                 rows.remove(r)
                 self.buffer.release(r.nbytes)
@@ -219,4 +226,5 @@ class PrefillHost(Host):
 
     def stats(self) -> dict:
         return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak,
-                "passes": self.passes, "pass_s": self.pass_s, "pass_predicted_s": self.pass_predicted_s}
+                "passes": self.passes, "pass_s": self.pass_s, "pass_predicted_s": self.pass_predicted_s,
+                "pass_shapes": self.pass_shapes}

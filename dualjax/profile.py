@@ -19,15 +19,16 @@ from dualjax.layout import run_layout
 from dualjax.scheduler import Thresholds
 
 
-def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3) -> float:
-    """Median seconds of a layerwise prefill of `new` tokens over `cached` ones (compiled first)."""
+def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:
+    """Median seconds of a layerwise prefill of `rows` rows of `new` tokens over `cached` ones
+    (compiled first)."""
     cfg = models.get_config(model)
     params = _params(model)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (1, new))
-    prefix = np.zeros((cfg.n_layers, 1, cached, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (rows, new))
+    prefix = np.zeros((cfg.n_layers, rows, cached, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
 
     def run():
-        lw = models.Layerwise(params, cfg, tokens, prefix_len=[cached])
+        lw = models.Layerwise(params, cfg, tokens, prefix_len=[cached] * rows)
         for layer in range(cfg.n_layers):
             lw.layer(layer, prefix[layer])
         return np.asarray(lw.logits())

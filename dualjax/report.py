@@ -96,7 +96,8 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, 
                          "kv_sent_bytes": h["transport_sent"].get("kv", 0), "busy_s": h.get("busy_s"),
                          "buffer_peak_bytes": h.get("buffer_peak_bytes"),
                          "bytes_written": h.get("store", {}).get("bytes_written", 0),
-                         **{k: h[k] for k in ("passes", "pass_s", "pass_predicted_s", "decode_steps") if k in h}})
+                         **{k: h[k] for k in ("passes", "pass_s", "pass_predicted_s", "pass_shapes", "decode_steps")
+                            if k in h}})
     relay = sum(h["kv_sent_bytes"] for h in per_host if h["role"] == "decode")
     paths, counts = np.unique(cols["path"], return_counts=True)
     return {

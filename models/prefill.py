@@ -37,6 +37,10 @@ class Buckets:
     def prefix(self, n: int) -> int:
         return 0 if n == 0 else max(self.min_prefix, 1 << (n - 1).bit_length())
 
+    def pass_shape(self, rows: int, cached: int, new: int) -> tuple[int, int, int]:
+        """(rows, padded new, padded prefix) a Layerwise pass over rows of at most these lengths computes."""
+        return rows, self.new(new), self.prefix(cached)
+
 
 DEFAULT_BUCKETS = Buckets()
 

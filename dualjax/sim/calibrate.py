@@ -1,8 +1,9 @@
 """`dualjax calibrate`: measure this machine into the simulator's `local` hardware profile.
 
 What the embedded runtime's hosts spend, measured here with the runtime's own code:
-* prefill: the fit `AttentionFit` of a layerwise prefill pass over (cached, new) token pairs
-  (`dualjax.profile.attention_fit`, what a PE packs its passes with);
+* prefill: seconds of the model's padded layerwise passes by shape (rows, padded new, padded
+  prefix) for every bucket the workload reaches (the table the simulator's passes take), and the
+  fit `AttentionFit` a PE packs its passes with (`dualjax.profile.attention_fit`);
 * decode: seconds of one fixed-shape decode step (`DecodeCache.step` over `decode_slots` slots)
   at several slot capacities, fitted as d0 + d1 * capacity;
 * storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
@@ -10,7 +11,8 @@ What the embedded runtime's hosts spend, measured here with the runtime's own co
 * contention: how much a prefill pass and a decode step slow each other down when they run at
   once (all embedded hosts share this machine's cores);
 * host overheads: a one-agent embedded run times the hosts' own passes and steps, which do more
-  than the bare model (prefix assembly, sends, bookkeeping); the fits are scaled to match.
+  than the bare model (prefix assembly, sends, bookkeeping); the table and the decode fit are
+  scaled to match.
 One engine per host, as `dualjax run --embedded` runs: every host is its own node.
 """
 
@@ -29,9 +31,33 @@ from dualjax.layout import run_layout
 from dualjax.messages import LayerKV
 from dualjax.profile import _params, _prefill_seconds, attention_fit, store_read_bytes_per_s
 from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
+from dualjax.sim.resources import PassTable
 from dualjax.transport import InProcFabric
+from dualjax.workload import get_workload, turn_lengths
+from models.prefill import DEFAULT_BUCKETS
 
 CAPACITIES = (256, 512, 1024, 2048)
+
+
+def pass_table(model: str, max_new: int, max_prefix: int, repeats: int = 2) -> list[tuple[int, int, int, float]]:
+    """[(rows, padded new, padded prefix, seconds)] of layerwise passes (`dualjax.profile`'s
+    timing), for the buckets up to `max_new` new and `max_prefix` cached tokens; 1, 2 and 4 rows
+    while rows * new <= 1024. More rows scale in proportion (`PassTable`), as measured here from 4
+    to 8 rows past the smallest shapes."""
+    b = DEFAULT_BUCKETS
+    news = [t for t in (b.min_new << k for k in range(16)) if t <= b.new(max_new)]
+    prefixes = [0] + [s for s in (b.min_prefix << k for k in range(16)) if s <= b.prefix(max_prefix)]
+    return [(rows, t, s, _prefill_seconds(model, s, t, repeats=repeats, rows=rows))
+            for t in news for s in prefixes for rows in (1, 2, 4) if rows == 1 or rows * t <= 1024]
+
+
+def workload_extent(workload: str, prefill_chunk: int = 2048) -> tuple[int, int]:
+    """(longest chunk of new tokens, longest prefix) a PE meets on `workload`'s preset."""
+    spec = get_workload(workload)
+    lengths = [turn_lengths(spec, a) for a in range(spec.agents)]
+    new = max(int(a.max()) for a, _ in lengths)
+    context = max(int(a.sum() + g.sum()) for a, g in lengths)
+    return min(new, prefill_chunk), context
 
 
 def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
@@ -108,47 +134,51 @@ def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
     return messages * kv.nbytes / (time.perf_counter() - t0)
 
 
-def host_overheads(model: str, decode_slots: int, scratch: str) -> tuple[float, float, int]:
-    """(prefill pass time / the fit's prediction, seconds per decode step, decode capacity) of the
-    runtime's own hosts: a one-agent embedded run (`agentic-small`, so PE and DE never compute at
-    once), run twice so the second one is compiled. The hosts do more than the bare model: prefix
+def host_overheads(model: str, workload: str, decode_slots: int, table: PassTable,
+                   scratch: str) -> tuple[float, float, int]:
+    """(the hosts' pass seconds over the table's for the same shapes, seconds per decode step,
+    decode capacity): a one-agent embedded run of `workload` (so PE and DE never compute at once),
+    run twice so the second one is compiled. The hosts do more than the bare model: prefix
     assembly per layer, sends, per-slot bookkeeping."""
     from dualjax.decode import decode_capacity
     from dualjax.runtime import run_embedded
     for attempt in range(2):
-        cfg = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-small", agents=1, turns=6,
+        cfg = RunConfig(ClusterSpec(1, 1), model=model, workload=workload, agents=1, turns=6,
                         policy="pe-only", decode_slots=decode_slots, out=os.path.join(scratch, f"run{attempt}"))
         shutil.rmtree(cfg.out, ignore_errors=True)
         hosts = {h["role"]: h for h in run_embedded(cfg, progress=False)["hosts"]}
     pe, de = hosts["prefill"], hosts["decode"]
-    return (pe["pass_s"] / pe["pass_predicted_s"], de["busy_s"] / de["decode_steps"],
+    shapes = [(tuple(map(int, key.split("x"))), n) for key, (n, _) in pe["pass_shapes"].items()]
+    return (pe["pass_s"] / sum(n * table(*shape) for shape, n in shapes), de["busy_s"] / de["decode_steps"],
             decode_capacity(cfg, models.get_config(model)))
 
 
-def calibrate(model: str = "small", store_dir: str = "runs/calibrate/store", decode_slots: int = 8,
-              block_tokens: int = 64, path: str = DEFAULT_LOCAL) -> Hardware:
-    """Measure, write the `local` profile to `path` and return it."""
+def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str = "runs/calibrate/store",
+              decode_slots: int = 8, block_tokens: int = 64, path: str = DEFAULT_LOCAL) -> Hardware:
+    """Measure, write the `local` profile to `path` and return it. `workload` bounds the pass
+    shapes measured; longer ones are extrapolated (`PassTable`)."""
     cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
                     decode_slots=decode_slots)
     layout = run_layout(cfg)
     fit = attention_fit(model)
+    table = pass_table(model, *workload_extent(workload, cfg.prefill_chunk))
     d0, d1 = decode_fit(model, decode_slots)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
     slowdown = contention(model, decode_slots)
-    prefill_scale, step_s, capacity = host_overheads(model, decode_slots, os.path.join(os.path.dirname(store_dir),
-                                                                                        "hosts"))
+    prefill_scale, step_s, capacity = host_overheads(model, workload, decode_slots, PassTable(table),
+                                                     os.path.join(os.path.dirname(store_dir), "hosts"))
     decode_scale = step_s / (d0 + d1 * capacity)
     hw = Hardware(
         "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
         dram_bytes_per_s=math.inf, pe_buffer_bytes=cfg.pe_buffer_mb * 2**20, de_buffer_bytes=cfg.de_buffer_mb * 2**20,
         hbm_bytes=math.inf, hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0,
-        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a * prefill_scale, fit.b * prefill_scale,
-                                                             fit.c * prefill_scale),
-        decode_fit=(d0 * decode_scale, d1 * decode_scale),
+        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
+        prefill_scale=prefill_scale, decode_fit=(d0 * decode_scale, d1 * decode_scale),
         model=model, contention=slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
-              f"model fits scaled to the hosts' own timings: prefill x{prefill_scale:.2f}, decode x{decode_scale:.2f}")
+              f"model timings scaled to the hosts' own (a one-agent {workload} run): passes x{prefill_scale:.2f}, "
+              f"decode x{decode_scale:.2f}")
     save_hardware(hw, path)
     return hw

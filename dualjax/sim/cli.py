@@ -38,6 +38,8 @@ def add_parsers(sub) -> None:
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     cal = sub.add_parser("calibrate", help="measure this machine into the simulator's `local` profile")
     cal.add_argument("--model", default="small")
+    cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
+                     "(default agentic-e2e, the e2e benchmark's)")
     cal.add_argument("--decode-slots", type=int, default=8)
     cal.add_argument("--out", default=None, help="profile path (default runs/calibrate/local.json)")
 
@@ -91,10 +93,13 @@ def cmd_calibrate(args) -> int:
     from dualjax.sim.calibrate import calibrate
     from dualjax.sim.profiles import DEFAULT_LOCAL
     path = args.out or DEFAULT_LOCAL
-    hw = calibrate(args.model, decode_slots=args.decode_slots, path=path)
+    hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
     a, b, c = hw.prefill_fit
     print(f"local profile ({args.model}) -> {path}\n"
-          f"  prefill: {a:.3g} s x new x (cached + new/2) + {b:.3g} s x new + {c:.3g} s per pass row\n"
+          f"  prefill passes: {len(hw.pass_table)} padded shapes (rows x new x prefix), from "
+          f"{min(r[3] for r in hw.pass_table) * 1e3:.0f} to {max(r[3] for r in hw.pass_table) * 1e3:.0f} ms; "
+          f"the hosts take x{hw.prefill_scale:.2f}\n"
+          f"  packing fit: {a:.3g} s x new x (cached + new/2) + {b:.3g} s x new + {c:.3g} s per row\n"
           f"  decode step: {hw.decode_fit[0] * 1e3:.2f} ms + {hw.decode_fit[1] * 1e6:.3f} us x capacity\n"
           f"  storage read {hw.snic_bytes_per_s / 1e9:.2f} GB/s   relay {hw.cnic_bytes_per_s / 1e9:.2f} GB/s")
     return 0

@@ -157,7 +157,7 @@ class Simulation:
         if self.hw.prefill_fit is None:  # FLOP-based profiles: the workload's typical turn
             spec_new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
             spec_cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
-        rate = spec_new / self.costs.predict(spec_cached, spec_new)
+        rate = spec_new / self.costs.profile_seconds(spec_cached, spec_new)
         return Thresholds.from_rates(self.hw.snic_bytes_per_s, self.kvb, rate)
 
     # -- events ------------------------------------------------------------------------------------
@@ -275,10 +275,7 @@ class Simulation:
             if kept and held > self.pe_mem:
                 break
             kept.append((w, n))
-        if self.hw.padded:
-            dur = len(kept) * self.costs.predict(max(w.cached for w, _ in kept), max(n for _, n in kept))
-        else:
-            dur = sum(self.costs.predict(w.cached, n) for w, n in kept)
+        dur = self.costs.pass_seconds([(w.cached, n) for w, n in kept])
         if self.shared:
             dur *= self._slowdown(pe)
         end = now + dur

@@ -95,9 +95,14 @@ class Hardware:
     # `local`: every engine shares one machine's cores; an op runs this much slower per other engine
     # computing at the same time (1.0: engines have their own compute, as GPUs do)
     contention: float = 1.0
-    # `local` only: measured fits instead of FLOPs. prefill: (a, b, c) of AttentionFit per row;
-    # decode: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
+    # `local` only: measurements instead of FLOPs.
+    # prefill_fit: (a, b, c) of the AttentionFit a PE packs its passes with (the runtime's own);
+    # pass_table: [rows, padded new, padded prefix, seconds] of the model's padded passes;
+    # prefill_scale: what the hosts' passes take over the table's (prefix assembly, sends);
+    # decode_fit: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
     prefill_fit: tuple[float, float, float] | None = None
+    pass_table: tuple[tuple[int, int, int, float], ...] | None = None
+    prefill_scale: float = 1.0
     decode_fit: tuple[float, float] | None = None
     model: str | None = None  # the model a calibrated profile was measured with
     notes: str = ""
@@ -143,6 +148,8 @@ def get_hardware(name: str) -> Hardware:
     for k in ("prefill_fit", "decode_fit"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])
+    if d.get("pass_table") is not None:
+        d["pass_table"] = tuple(tuple(row) for row in d["pass_table"])
     return Hardware(**d)
 
 

@@ -12,6 +12,7 @@ import math
 from collections import deque
 
 from dualjax.sim.profiles import Hardware, ModelCost
+from models.prefill import DEFAULT_BUCKETS
 
 
 class SimError(ValueError):
@@ -89,8 +90,43 @@ class Node:
             self.series[k] += rate * (min(end, (k + 1) * w) - max(start, k * w))
 
 
+class PassTable:
+    """Measured seconds of padded prefill passes by shape (rows, padded new, padded prefix), as
+    `dualjax calibrate` writes them. A shape it did not measure comes from the nearest one it did:
+    rows in between interpolate, more rows scale in proportion, and a longer prefix or chunk than
+    any measured scales with the padded attention work new * (prefix + new)."""
+
+    def __init__(self, rows: tuple[tuple[int, int, int, float], ...]):
+        self.seconds = {(b, t, s): sec for b, t, s, sec in rows}
+        self.memo: dict[tuple[int, int, int], float] = {}
+
+    def __call__(self, rows: int, new: int, prefix: int) -> float:
+        key = (rows, new, prefix)
+        if key not in self.memo:
+            self.memo[key] = self._lookup(rows, new, prefix)
+        return self.memo[key]
+
+    def _lookup(self, rows: int, new: int, prefix: int) -> float:
+        t = _at_least(new, {t for _, t, _ in self.seconds})
+        s = _at_least(prefix, {s for _, tt, s in self.seconds if tt == t})
+        counts = [b for b, tt, ss in self.seconds if (tt, ss) == (t, s)]
+        lo = max((b for b in counts if b <= rows), default=min(counts))
+        hi = min((b for b in counts if b >= rows), default=lo)
+        if hi == lo:
+            sec = self.seconds[lo, t, s] * rows / lo
+        else:
+            sec = self.seconds[lo, t, s] + (self.seconds[hi, t, s] - self.seconds[lo, t, s]) * (rows - lo) / (hi - lo)
+        return sec * max(1.0, new * (prefix + new) / (t * (s + t)))
+
+
+def _at_least(x: int, measured: set[int]) -> int:
+    """The smallest measured value >= x, else the largest."""
+    return min((m for m in measured if m >= x), default=max(measured))
+
+
 class Costs:
-    """Seconds of a prefill row / pass and of a decode step, from a hardware profile and a model."""
+    """Seconds of a prefill row / pass and of a decode step, from a hardware profile and a model.
+    `predict(cached, new)` is what a PE packs with; `pass_seconds` what a pass then takes."""
 
     def __init__(self, hw: Hardware, model: ModelCost, decode_capacity: int):
         self.hw, self.model, self.capacity = hw, model, decode_capacity
@@ -100,6 +136,23 @@ class Costs:
             self.predict = lambda cached, new: a * new * (cached + new / 2) + b * new + c  # noqa: E731
         else:
             self.predict = model.prefill_seconds(self.rate)
+        self.table = PassTable(hw.pass_table) if hw.pass_table else None
+
+    def pass_seconds(self, rows: list[tuple[int, int]]) -> float:
+        """A pass over (cached, new) rows: the table's padded shape on `local`, else the profile's model
+        (padded: every row as the longest; ragged: each row its own)."""
+        cached, new = max(c for c, _ in rows), max(n for _, n in rows)
+        if self.table is not None:
+            return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
+        if self.hw.padded:
+            return len(rows) * self.predict(cached, new)
+        return sum(self.predict(c, n) for c, n in rows)
+
+    def profile_seconds(self, cached: int, new: int) -> float:
+        """One row as the runtime's start-up profile measures it (`dualjax.profile`): thresholds."""
+        if self.table is not None:
+            return self.table(*DEFAULT_BUCKETS.pass_shape(1, cached, new))
+        return self.predict(cached, new)
 
     def decode_step_s(self, batch: int, context: float) -> float:
         hw, m = self.hw, self.model

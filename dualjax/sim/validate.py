@@ -48,7 +48,8 @@ def main(argv=None) -> dict:
     if not os.path.exists(args.profile):
         from dualjax.sim.calibrate import calibrate
         log.info("no local profile yet: calibrating (%s)", args.profile)
-        calibrate(real.get("model", "small"), store_dir=os.path.join(args.out, "calibrate-store"), path=args.profile)
+        calibrate(real.get("model", "small"), real["workload"], store_dir=os.path.join(args.out, "calibrate-store"),
+                  path=args.profile)
     hw = get_hardware(args.profile)
     quick = real.get("quick", False)
     base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],

@@ -10,7 +10,7 @@ import pytest
 from dualjax.cli import main
 from dualjax.config import ClusterSpec
 from dualjax.sim import SimConfig, SimError, Simulation, simulate
-from dualjax.sim.resources import Buffer, FifoLink
+from dualjax.sim.resources import Buffer, FifoLink, PassTable
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
@@ -50,6 +50,27 @@ def test_de_path_reads_on_the_decode_node():
     hosts = sim.host_stats()
     assert [h["snic"]["bytes_read"] for h in hosts] == [0, 64_000]
     assert hosts[1]["transport_sent"]["kv"] == 64_000  # relayed to the PE
+
+
+def test_pass_table_lookups():
+    table = PassTable(((1, 256, 0, 0.1), (2, 256, 0, 0.3), (4, 256, 0, 0.5), (1, 256, 512, 0.2), (1, 512, 512, 0.6)))
+    assert table(2, 256, 0) == 0.3 and table(3, 256, 0) == pytest.approx(0.4)  # measured; rows in between
+    assert table(8, 256, 0) == pytest.approx(1.0)  # more rows than measured: in proportion
+    assert table(2, 256, 512) == pytest.approx(0.4)
+    # Past the longest prefix / chunk measured: in proportion to new * (prefix + new).
+    assert table(1, 256, 1024) == pytest.approx(0.2 * 1280 / 768)
+    assert table(1, 1024, 512) == pytest.approx(0.6 * 1024 * 1536 / (512 * 1024))
+
+
+def test_a_local_pass_takes_the_table_time_of_its_padded_shape():
+    # The PE packs with the fit (1 ms per token: both turn-1 chunks fit a 300 ms quota), but a pass
+    # takes what the table says for its padded shape, times the hosts' overhead.
+    hw = dataclasses.replace(TOY_HW, pass_table=((1, 256, 0, 0.05), (1, 256, 512, 0.08)), prefill_scale=1.5)
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic")
+    c = Simulation(cfg, hw, TOY_MODEL, [np.array([100, 20])], [np.array([5, 5])], np.zeros(1),
+                   progress=False).run().columns()
+    assert c["first_token"][0] == pytest.approx(0.075)  # 1 x 256 x 0, not the fit's 0.1 s
+    assert c["prefill_end"][1] - c["prefill_start"][1] == pytest.approx(0.12)  # 1 x 256 x 512
 
 
 def test_fifo_link_and_buffer():
