@@ -141,12 +141,12 @@ class Costs:
     def pass_seconds(self, rows: list[tuple[int, int]]) -> float:
         """A pass over (cached, new) rows: the table's padded shape on `local`, else the profile's model
         (padded: every row as the longest; ragged: each row its own)."""
+        if self.table is None and not self.hw.padded:
+            return sum(self.predict(c, n) for c, n in rows)
         cached, new = max(c for c, _ in rows), max(n for _, n in rows)
-        if self.table is not None:
-            return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
-        if self.hw.padded:
+        if self.table is None:
             return len(rows) * self.predict(cached, new)
-        return sum(self.predict(c, n) for c, n in rows)
+        return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
 
     def profile_seconds(self, cached: int, new: int) -> float:
         """One row as the runtime's start-up profile measures it (`dualjax.profile`): thresholds."""
