@@ -78,6 +78,9 @@ def main(argv=None) -> dict:
         "cap_mbps": cap / 1e6,
         "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
         "control_uncapped_jct_s": control["jct_s"], "hit_bytes": hit_bytes,
+        # what every run here profiled at start-up (once per process): the simulator replays it
+        "runtime_profile": {"prefill_tokens_per_s": control["prefill_tokens_per_s"],
+                            "pack_fit": next(h["pack_fit"] for h in control["hosts"] if h["role"] == "prefill")},
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
         "jct_s": jct, "snic_max_over_avg": balance, "snic_max_over_avg_all_windows": balance_all,
         "plots": [figure] + [os.path.join(d, "storage.png") for d in reports],

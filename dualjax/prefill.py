@@ -16,6 +16,7 @@ blocks and still yields the reference tokens.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import threading
 import time
@@ -227,4 +228,4 @@ class PrefillHost(Host):
     def stats(self) -> dict:
         return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak,
                 "passes": self.passes, "pass_s": self.pass_s, "pass_predicted_s": self.pass_predicted_s,
-                "pass_shapes": self.pass_shapes}
+                "pass_shapes": self.pass_shapes, "pack_fit": dataclasses.astuple(self.fit)}

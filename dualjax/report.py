@@ -96,7 +96,7 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, 
                          "kv_sent_bytes": h["transport_sent"].get("kv", 0), "busy_s": h.get("busy_s"),
                          "buffer_peak_bytes": h.get("buffer_peak_bytes"),
                          "bytes_written": h.get("store", {}).get("bytes_written", 0),
-                         **{k: h[k] for k in ("passes", "pass_s", "pass_predicted_s", "pass_shapes", "decode_steps")
+                         **{k: h[k] for k in ("passes", "pass_s", "pass_predicted_s", "pass_shapes", "pack_fit", "decode_steps")
                             if k in h}})
     relay = sum(h["kv_sent_bytes"] for h in per_host if h["role"] == "decode")
     paths, counts = np.unique(cols["path"], return_counts=True)
@@ -132,8 +132,9 @@ def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[dict], c
 
 
 def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str,
-              slo: tuple[float, float] = (4.0, 0.050)) -> dict:
-    """A real run's requests.jsonl, report.json and plots under `out_dir`; returns the report."""
+              slo: tuple[float, float] = (4.0, 0.050), extra: dict | None = None) -> dict:
+    """A real run's requests.jsonl, report.json (plus `extra` keys) and plots under `out_dir`;
+    returns the report."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = min(r["arrival"] for r in records)
     for h in hosts:  # storage series on the run's clock: seconds since the first arrival
@@ -144,7 +145,7 @@ def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy:
     with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    return write_report(out_dir, columns(records), hosts, cfg, policy, slo)
+    return write_report(out_dir, columns(records), hosts, cfg, policy, slo, extra)
 
 
 def load_ttft(run_dir: str) -> np.ndarray:

@@ -7,6 +7,7 @@ classes and messages as a real run; `run_rank(transport, cfg)` is what each MPI 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -17,7 +18,7 @@ from dualjax.driver import Driver
 from dualjax.layout import open_store, run_layout
 from dualjax.policies import Policy, get_policy
 from dualjax.prefill import PrefillHost
-from dualjax.profile import thresholds
+from dualjax.profile import prefill_tokens_per_s, thresholds
 from dualjax.workload import load_workload, slo_for
 from dualjax.report import write_run
 from dualjax.transport import HostFailure, InProcFabric, Transport
@@ -37,10 +38,12 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     layout = run_layout(cfg)
     policy = policy or get_policy(cfg.policy)
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
-    driver = Driver(transport, cfg, agents, layout, store, policy, thresholds(cfg),
+    th = thresholds(cfg)
+    driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
     records, hosts = driver.run()
-    return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload))
+    return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload),
+                     {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model)})
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:

@@ -29,7 +29,8 @@ import models
 from dualjax.config import ClusterSpec, RunConfig
 from dualjax.layout import run_layout
 from dualjax.messages import LayerKV
-from dualjax.profile import _params, _prefill_seconds, attention_fit, store_read_bytes_per_s
+from dualjax.profile import (_params, _prefill_seconds, attention_fit, prefill_tokens_per_s,
+                             store_read_bytes_per_s)
 from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
 from dualjax.sim.resources import PassTable
 from dualjax.transport import InProcFabric
@@ -173,7 +174,8 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
         "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
         dram_bytes_per_s=math.inf, pe_buffer_bytes=cfg.pe_buffer_mb * 2**20, de_buffer_bytes=cfg.de_buffer_mb * 2**20,
         hbm_bytes=math.inf, hbm_bytes_per_s=math.inf, flops_per_s=math.inf, efficiency=1.0,
-        decode_batch=decode_slots, padded=True, prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
+        decode_batch=decode_slots, padded=True, prefill_tokens_per_s=prefill_tokens_per_s(model),
+        prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
         prefill_scale=prefill_scale, decode_fit=(d0 * decode_scale, d1 * decode_scale),
         model=model, contention=slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "

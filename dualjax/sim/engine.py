@@ -153,11 +153,11 @@ class Simulation:
         self.shared = hw.contention > 1.0  # engines share one machine's compute (the `local` profile)
 
     def thresholds(self) -> Thresholds:
-        spec_new, spec_cached = 256, 1024  # the runtime's profiling shape (dualjax.profile)
-        if self.hw.prefill_fit is None:  # FLOP-based profiles: the workload's typical turn
+        rate = self.hw.prefill_tokens_per_s  # `local`: what the runtime profiles at start-up
+        if rate is None:  # the workload's typical turn
             spec_new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
             spec_cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
-        rate = spec_new / self.costs.profile_seconds(spec_cached, spec_new)
+            rate = spec_new / self.costs.predict(spec_cached, spec_new)
         return Thresholds.from_rates(self.hw.snic_bytes_per_s, self.kvb, rate)
 
     # -- events ------------------------------------------------------------------------------------

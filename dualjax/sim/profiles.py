@@ -96,10 +96,12 @@ class Hardware:
     # computing at the same time (1.0: engines have their own compute, as GPUs do)
     contention: float = 1.0
     # `local` only: measurements instead of FLOPs.
+    # prefill_tokens_per_s: the PE rate the runtime profiles at start-up (its scheduler's beta);
     # prefill_fit: (a, b, c) of the AttentionFit a PE packs its passes with (the runtime's own);
     # pass_table: [rows, padded new, padded prefix, seconds] of the model's padded passes;
     # prefill_scale: what the hosts' passes take over the table's (prefix assembly, sends);
     # decode_fit: seconds per step = d0 + d1 * capacity (fixed-shape steps over the slot capacity).
+    prefill_tokens_per_s: float | None = None
     prefill_fit: tuple[float, float, float] | None = None
     pass_table: tuple[tuple[int, int, int, float], ...] | None = None
     prefill_scale: float = 1.0

@@ -148,12 +148,6 @@ class Costs:
             return len(rows) * self.predict(cached, new)
         return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
 
-    def profile_seconds(self, cached: int, new: int) -> float:
-        """One row as the runtime's start-up profile measures it (`dualjax.profile`): thresholds."""
-        if self.table is not None:
-            return self.table(*DEFAULT_BUCKETS.pass_shape(1, cached, new))
-        return self.predict(cached, new)
-
     def decode_step_s(self, batch: int, context: float) -> float:
         hw, m = self.hw, self.model
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity

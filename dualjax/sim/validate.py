@@ -3,7 +3,8 @@
     dualjax sim validate --json FILE [--quick] [--real E2E.json]
 
 Runs `dualjax bench e2e` (or reads its JSON with `--real`), then simulates every configuration it
-ran on the `local` profile (calibrated first if missing) with the same storage cap, and reports
+ran on the `local` profile (calibrated first if missing) with the same storage cap and the real
+runs' own start-up profile (the PEs' packing fit, the scheduler's prefill rate), and reports
 `jct_error[config]` = simulated/real JCT - 1 (target |x| <= 0.15) and `speedup_error[cluster]`
 for the DualPath/Basic speed-up (target |x| <= 0.10).
 """
@@ -51,6 +52,9 @@ def main(argv=None) -> dict:
         calibrate(real.get("model", "small"), real["workload"], store_dir=os.path.join(args.out, "calibrate-store"),
                   path=args.profile)
     hw = get_hardware(args.profile)
+    if "runtime_profile" in real:  # the real runs' own start-up profile: scheduler rate and packing fit
+        rp = real["runtime_profile"]
+        hw = dataclasses.replace(hw, prefill_tokens_per_s=rp["prefill_tokens_per_s"], prefill_fit=tuple(rp["pack_fit"]))
     quick = real.get("quick", False)
     base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],
                      agents=3 if quick else None, turns=3 if quick else None)
@@ -79,7 +83,7 @@ def main(argv=None) -> dict:
         "targets": {"jct_error": 0.15, "speedup_error": 0.10}, "profile": hw.notes, "wall_s": time.time() - t0,
         "notes": "Real: embedded clusters sharing this machine's cores (see bench e2e). Simulated: the local "
                  "profile, one engine per host; engines computing at once slow each other by the measured "
-                 "contention factor.",
+                 "contention factor; PEs pack with the real runs' own fit.",
     }
     emit(result, args.json)
     return result
