@@ -184,6 +184,7 @@ def test_e2e_benchmark_quick(tmp_path):
     assert set(result["speedup"]) == {"1p1d", "1p2d"}
     assert result["speedup"]["1p1d"] > 1.2  # storage-bound: the second path must pay off
     assert all(os.path.exists(p) for p in result["plots"])
+    assert len(result["runtime_profile"]["pack_fit"]) == 3  # what the simulator replays below
     # The simulator on this machine's calibrated profile, against these very runs.
     from dualjax.sim.validate import main as validate
     v = validate(["--real", str(tmp_path / "e2e.json"), "--profile", str(tmp_path / "local.json"),
