@@ -85,9 +85,9 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     return max(0.0, float(d0)), max(0.0, float(d1))
 
 
-def contention(model: str, slots: int, repeats: int = 5) -> float:
-    """How much slower a prefill pass and a decode step run while the other computes in another
-    thread (what embedded hosts do to each other on this machine's cores): their geometric mean."""
+def contention(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
+    """How much slower (a prefill pass, a decode step) runs while the other computes in another
+    thread (what embedded hosts do to each other on this machine's cores)."""
     import threading
 
     cfg = models.get_config(model)
@@ -120,7 +120,7 @@ def contention(model: str, slots: int, repeats: int = 5) -> float:
     prefill()
     alone = timed(prefill, repeats), timed(step, 4 * repeats)
     shared = while_running(step, prefill, repeats), while_running(prefill, step, 4 * repeats)
-    return float(np.sqrt(shared[0] / alone[0] * shared[1] / alone[1]))
+    return shared[0] / alone[0], shared[1] / alone[1]
 
 
 def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
@@ -166,7 +166,7 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
     d0, d1 = decode_fit(model, decode_slots)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
-    slowdown = contention(model, decode_slots)
+    prefill_slowdown, decode_slowdown = contention(model, decode_slots)
     prefill_scale, step_s, capacity = host_overheads(model, workload, decode_slots, PassTable(table),
                                                      os.path.join(os.path.dirname(store_dir), "hosts"))
     decode_scale = step_s / (d0 + d1 * capacity)
@@ -177,7 +177,7 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
         decode_batch=decode_slots, padded=True, prefill_tokens_per_s=prefill_tokens_per_s(model),
         prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
         prefill_scale=prefill_scale, decode_fit=(d0 * decode_scale, d1 * decode_scale),
-        model=model, contention=slowdown,
+        model=model, contention=prefill_slowdown, decode_contention=decode_slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
               f"model timings scaled to the hosts' own (a one-agent {workload} run): passes x{prefill_scale:.2f}, "

@@ -150,7 +150,7 @@ class Simulation:
         self.events_done = 0
         self.rng = np.random.default_rng([cfg.workload_seed, 11])
         self.dirty, self.completed = False, 0
-        self.shared = hw.contention > 1.0  # engines share one machine's compute (the `local` profile)
+        self.shared = max(hw.contention, hw.decode_contention or 1.0) > 1.0  # engines share one machine's compute
 
     def thresholds(self) -> Thresholds:
         rate = self.hw.prefill_tokens_per_s  # `local`: what the runtime profiles at start-up
@@ -353,10 +353,13 @@ class Simulation:
             c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
 
     def _slowdown(self, engine) -> float:
-        """`local`: engines share the machine's cores; each other engine computing costs `contention`."""
+        """`local`: engines share the machine's cores; each other engine computing costs a pass
+        `contention`, a decode step `decode_contention`."""
         others = sum(1 for e in self.engines.values()
                      if e is not engine and (e.busy if isinstance(e, PrefillEngine) else e.n))
-        return 1.0 + (self.hw.contention - 1.0) * others
+        hw = self.hw
+        c = hw.contention if isinstance(engine, PrefillEngine) or hw.decode_contention is None else hw.decode_contention
+        return 1.0 + (c - 1.0) * others
 
     def _retime_decoders(self) -> None:
         for e in self.engines.values():

@@ -92,9 +92,11 @@ class Hardware:
     decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
     hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
-    # `local`: every engine shares one machine's cores; an op runs this much slower per other engine
-    # computing at the same time (1.0: engines have their own compute, as GPUs do)
+    # `local`: every engine shares one machine's cores; a prefill pass runs this much slower per other
+    # engine computing at the same time (1.0: engines have their own compute, as GPUs do), and a
+    # decode step `decode_contention` slower (None: the same)
     contention: float = 1.0
+    decode_contention: float | None = None
     # `local` only: measurements instead of FLOPs.
     # prefill_tokens_per_s: the PE rate the runtime profiles at start-up (its scheduler's beta);
     # prefill_fit: (a, b, c) of the AttentionFit a PE packs its passes with (the runtime's own);

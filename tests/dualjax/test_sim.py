@@ -73,6 +73,16 @@ def test_a_local_pass_takes_the_table_time_of_its_padded_shape():
     assert c["prefill_end"][1] - c["prefill_start"][1] == pytest.approx(0.12)  # 1 x 256 x 512
 
 
+def test_engines_sharing_cores_slow_passes_and_steps_by_their_own_factors():
+    hw = dataclasses.replace(TOY_HW, contention=2.0, decode_contention=1.5)
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy")
+    sim = Simulation(cfg, hw, TOY_MODEL, [np.array([100])], [np.array([5])], np.zeros(1), progress=False)
+    pe, de = sim.engines[1], sim.engines[2]
+    assert sim._slowdown(pe) == 1.0 and sim._slowdown(de) == 1.0  # nothing else computes
+    pe.busy, de.n = True, 1
+    assert sim._slowdown(pe) == 2.0 and sim._slowdown(de) == 1.5
+
+
 def test_fifo_link_and_buffer():
     link = FifoLink(100.0)
     assert link.reserve(0.0, 100) == (0.0, 1.0) and link.reserve(0.5, 50) == (1.0, 1.5)
