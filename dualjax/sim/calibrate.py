@@ -8,8 +8,8 @@ What the embedded runtime's hosts spend, measured here with the runtime's own co
   at several slot capacities, fitted as d0 + d1 * capacity;
 * storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
 * relay: bytes/s of `LayerKV` messages through the in-process transport (one copy each);
-* contention: how much a prefill pass and a decode step slow each other down when they run at
-  once (all embedded hosts share this machine's cores);
+* contention: how much a prefill pass and a decode step slow down while 1, 2 or 3 other engines
+  compute (all embedded hosts share this machine's cores);
 * host overheads: a one-agent embedded run times the hosts' own passes and steps, which do more
   than the bare model (prefix assembly, sends, bookkeeping); the table and the decode fit are
   scaled to match.
@@ -85,19 +85,23 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     return max(0.0, float(d0)), max(0.0, float(d1))
 
 
-def contention(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
-    """How much slower (a prefill pass, a decode step) runs while the other computes in another
-    thread (what embedded hosts do to each other on this machine's cores)."""
+def contention(model: str, slots: int, others: int = 3, repeats: int = 5) -> tuple[tuple[float, ...], ...]:
+    """How much slower (a prefill pass, a decode step) runs while 1, 2, ... `others` other engines
+    compute in other threads (what embedded hosts do to each other on this machine's cores). The
+    others alternate kinds, the other kind first: beside a pass, a decode step, then a pass too..."""
     import threading
 
     cfg = models.get_config(model)
     params = _params(model)
-    cache = models.DecodeCache(cfg, slots, 2048)
-    tokens = np.zeros(slots, np.int32)
 
-    def step():
-        cache.lengths[:] = 1024
-        cache.step(params, tokens)
+    def decoder():
+        cache, tokens = models.DecodeCache(cfg, slots, 2048), np.zeros(slots, np.int32)
+
+        def step():
+            cache.lengths[:] = 1024
+            cache.step(params, tokens)
+        step()
+        return step
 
     def timed(fn, n):
         t0 = time.perf_counter()
@@ -107,20 +111,24 @@ def contention(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
 
     def while_running(background, fn, n):
         stop = threading.Event()
-        worker = threading.Thread(target=lambda: [background() for _ in iter(stop.is_set, True)])
-        worker.start()
+        workers = [threading.Thread(target=lambda b=b: [b() for _ in iter(stop.is_set, True)]) for b in background]
+        for w in workers:
+            w.start()
         try:
             return timed(fn, n)
         finally:
             stop.set()
-            worker.join()
+            for w in workers:
+                w.join()
 
-    step()
+    steps = [decoder() for _ in range(others + 1)]  # each thread its own cache
     prefill = lambda: _prefill_seconds(model, 1024, 64, repeats=1)  # noqa: E731
     prefill()
-    alone = timed(prefill, repeats), timed(step, 4 * repeats)
-    shared = while_running(step, prefill, repeats), while_running(prefill, step, 4 * repeats)
-    return shared[0] / alone[0], shared[1] / alone[1]
+    beside_pass = [steps[1 + k // 2] if k % 2 == 0 else prefill for k in range(others)]
+    beside_step = [prefill if k % 2 == 0 else steps[1 + k // 2] for k in range(others)]
+    alone = timed(prefill, repeats), timed(steps[0], 4 * repeats)
+    return (tuple(while_running(beside_pass[:k], prefill, repeats) / alone[0] for k in range(1, others + 1)),
+            tuple(while_running(beside_step[:k], steps[0], 4 * repeats) / alone[1] for k in range(1, others + 1)))
 
 
 def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
@@ -166,7 +174,7 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
     d0, d1 = decode_fit(model, decode_slots)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
-    prefill_slowdown, decode_slowdown = contention(model, decode_slots)
+    pass_slowdown, step_slowdown = contention(model, decode_slots)
     prefill_scale, step_s, capacity = host_overheads(model, workload, decode_slots, PassTable(table),
                                                      os.path.join(os.path.dirname(store_dir), "hosts"))
     decode_scale = step_s / (d0 + d1 * capacity)
@@ -177,7 +185,7 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
         decode_batch=decode_slots, padded=True, prefill_tokens_per_s=prefill_tokens_per_s(model),
         prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
         prefill_scale=prefill_scale, decode_fit=(d0 * decode_scale, d1 * decode_scale),
-        model=model, contention=prefill_slowdown, decode_contention=decode_slowdown,
+        model=model, contention=pass_slowdown, decode_contention=step_slowdown,
         notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
               f"model timings scaled to the hosts' own (a one-agent {workload} run): passes x{prefill_scale:.2f}, "

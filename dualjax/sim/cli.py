@@ -101,7 +101,8 @@ def cmd_calibrate(args) -> int:
           f"the hosts take x{hw.prefill_scale:.2f}\n"
           f"  packing fit: {a:.3g} s x new x (cached + new/2) + {b:.3g} s x new + {c:.3g} s per row\n"
           f"  decode step: {hw.decode_fit[0] * 1e3:.2f} ms + {hw.decode_fit[1] * 1e6:.3f} us x capacity\n"
-          f"  per other engine computing: a pass x{hw.contention:.2f}, a decode step x{hw.decode_contention:.2f}\n"
+          f"  with 1, 2, 3 other engines computing: a pass x{', '.join(f'{c:.2f}' for c in hw.contention)}, "
+          f"a decode step x{', '.join(f'{c:.2f}' for c in hw.decode_contention)}\n"
           f"  storage read {hw.snic_bytes_per_s / 1e9:.2f} GB/s   relay {hw.cnic_bytes_per_s / 1e9:.2f} GB/s")
     return 0
 

@@ -101,6 +101,17 @@ class DecodeEngine:
         self.version = 0
 
 
+def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
+    """Slowdown with 0 .. engines - 1 others computing: 1, the measured ones, then linear."""
+    out = [1.0, *measured]
+    while len(out) < engines:
+        if len(out) == 1:  # nothing measured: engines have their own compute
+            out.append(1.0)
+            continue
+        out.append(out[-1] + (out[-1] - out[-2]))
+    return out
+
+
 class Simulation:
     """Run with `run()`; then `columns()` per request and `host_stats()` per node."""
 
@@ -150,7 +161,10 @@ class Simulation:
         self.events_done = 0
         self.rng = np.random.default_rng([cfg.workload_seed, 11])
         self.dirty, self.completed = False, 0
-        self.shared = max(hw.contention, hw.decode_contention or 1.0) > 1.0  # engines share one machine's compute
+        # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
+        self.shared = bool(hw.contention or hw.decode_contention)
+        self.slow = {PrefillEngine: _slowdowns(hw.contention, len(self.engines)),
+                     DecodeEngine: _slowdowns(hw.decode_contention or hw.contention, len(self.engines))}
 
     def thresholds(self) -> Thresholds:
         rate = self.hw.prefill_tokens_per_s  # `local`: what the runtime profiles at start-up
@@ -353,13 +367,10 @@ class Simulation:
             c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
 
     def _slowdown(self, engine) -> float:
-        """`local`: engines share the machine's cores; each other engine computing costs a pass
-        `contention`, a decode step `decode_contention`."""
+        """`local`: engines share the machine's cores; how much the others computing slow this one."""
         others = sum(1 for e in self.engines.values()
                      if e is not engine and (e.busy if isinstance(e, PrefillEngine) else e.n))
-        hw = self.hw
-        c = hw.contention if isinstance(engine, PrefillEngine) or hw.decode_contention is None else hw.decode_contention
-        return 1.0 + (c - 1.0) * others
+        return self.slow[type(engine)][others]
 
     def _retime_decoders(self) -> None:
         for e in self.engines.values():

@@ -92,11 +92,11 @@ class Hardware:
     decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
     hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
-    # `local`: every engine shares one machine's cores; a prefill pass runs this much slower per other
-    # engine computing at the same time (1.0: engines have their own compute, as GPUs do), and a
-    # decode step `decode_contention` slower (None: the same)
-    contention: float = 1.0
-    decode_contention: float | None = None
+    # `local`: every engine shares one machine's cores; a prefill pass runs contention[k - 1] times
+    # slower while k other engines compute, a decode step decode_contention[k - 1] (past the last:
+    # linear from the last two). Empty: engines have their own compute, as GPUs do.
+    contention: tuple[float, ...] = ()
+    decode_contention: tuple[float, ...] = ()
     # `local` only: measurements instead of FLOPs.
     # prefill_tokens_per_s: the PE rate the runtime profiles at start-up (its scheduler's beta);
     # prefill_fit: (a, b, c) of the AttentionFit a PE packs its passes with (the runtime's own);
@@ -152,6 +152,10 @@ def get_hardware(name: str) -> Hardware:
     for k in ("prefill_fit", "decode_fit"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])
+    for k in ("contention", "decode_contention"):  # one number: per other engine (older profiles)
+        if isinstance(d.get(k), (int, float)):
+            d[k] = (d[k],)
+        d[k] = tuple(d.get(k) or ())
     if d.get("pass_table") is not None:
         d["pass_table"] = tuple(tuple(row) for row in d["pass_table"])
     return Hardware(**d)

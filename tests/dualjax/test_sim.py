@@ -10,6 +10,7 @@ import pytest
 from dualjax.cli import main
 from dualjax.config import ClusterSpec
 from dualjax.sim import SimConfig, SimError, Simulation, simulate
+from dualjax.sim.engine import _slowdowns
 from dualjax.sim.resources import Buffer, FifoLink, PassTable
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
 
@@ -74,13 +75,15 @@ def test_a_local_pass_takes_the_table_time_of_its_padded_shape():
 
 
 def test_engines_sharing_cores_slow_passes_and_steps_by_their_own_factors():
-    hw = dataclasses.replace(TOY_HW, contention=2.0, decode_contention=1.5)
+    hw = dataclasses.replace(TOY_HW, contention=(2.0, 2.5), decode_contention=(1.5,))
     cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy")
     sim = Simulation(cfg, hw, TOY_MODEL, [np.array([100])], [np.array([5])], np.zeros(1), progress=False)
     pe, de = sim.engines[1], sim.engines[2]
     assert sim._slowdown(pe) == 1.0 and sim._slowdown(de) == 1.0  # nothing else computes
     pe.busy, de.n = True, 1
     assert sim._slowdown(pe) == 2.0 and sim._slowdown(de) == 1.5
+    assert _slowdowns((2.0, 2.5), 5) == [1.0, 2.0, 2.5, 3.0, 3.5]  # 0 others, the measured, then linear
+    assert _slowdowns((), 3) == [1.0, 1.0, 1.0]  # GPUs: nothing shared
 
 
 def test_fifo_link_and_buffer():
