@@ -120,7 +120,7 @@ def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tu
             for w in workers:
                 w.join()
 
-    steps = [decoder() for _ in range(others + 1)]  # each thread its own cache
+    steps = [decoder() for _ in range(1 + (others + 1) // 2)]  # each thread its own cache
     prefill = lambda: _prefill_seconds(model, 1024, 64, repeats=1)  # noqa: E731
     prefill()
     beside_pass = [steps[1 + k // 2] if k % 2 == 0 else prefill for k in range(others)]
