@@ -62,8 +62,8 @@ def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     cfg = models.get_config(args.model)
     params = models.init_params(cfg, seed=0)
-    accelerator = jax.default_backend() != "cpu"
-    peak = matmul_flops_per_s(8192 if accelerator else 1024, cfg.jnp_dtype)
+    n = 1024 if jax.default_backend() == "cpu" else 8192  # big enough to saturate an accelerator
+    peak = matmul_flops_per_s(n, cfg.jnp_dtype)
     grid = [(0, 256), (1024, 256), (4096, 256)] if args.quick else \
         [(0, 256), (0, 1024), (1024, 256), (4096, 256), (4096, 1024), (16384, 256)]
     prefill = []
@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
         "prefill_fraction_of_matmul_peak": best / peak,
         "prefill_fraction_by_cell": {f"{p['cached']}+{p['new']}": p["flops_per_s"] / peak for p in prefill},
         "notes": f"{cfg.dtype} on {jax.default_backend()}; matmul peak = a jitted "
-                 f"{8192 if accelerator else 1024}^3 {cfg.dtype} matmul measured in this run; prefill FLOPs from "
+                 f"{n}^3 {cfg.dtype} matmul measured in this run; prefill FLOPs from "
                  "models.costs (linear + causal attention); random weights.",
     }
     emit(result, args.json)

@@ -103,11 +103,10 @@ class DecodeEngine:
 
 def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
     """Slowdown with 0 .. engines - 1 others computing: 1, the measured ones, then linear."""
+    if not measured:  # engines have their own compute
+        return [1.0] * engines
     out = [1.0, *measured]
     while len(out) < engines:
-        if len(out) == 1:  # nothing measured: engines have their own compute
-            out.append(1.0)
-            continue
         out.append(out[-1] + (out[-1] - out[-2]))
     return out
 
