@@ -1,5 +1,11 @@
-"""dualjax runtime: DualPath over a prefill mesh and a decode mesh (see README and DESIGN.md)."""
+"""dualjax: DualPath over a prefill mesh and a decode mesh (see README and docs/architecture.md).
 
-from dualjax.layout import layout_for
+Sub-packages, lowest first; each imports only from those above it in this list:
 
-__all__ = ["layout_for"]
+* `dualjax.core`: run settings, workloads, the scheduler, policies, batching, records and report
+  maths (NumPy only: no JAX, MPI or TensorStore);
+* `dualjax.sim`: the discrete-event simulator (core and model configs only);
+* `dualjax.runtime`: the hosts, messages, transports, buffers and driver of a real run;
+* `dualjax.bench`: benchmarks, each with its baseline in the same run;
+* `dualjax.cli`: the `dualjax` command.
+"""

@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from dualjax.config import ClusterSpec, RunConfig
-from dualjax.runtime import run_embedded
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.runtime.launch import run_embedded
 
 
 def run(cluster: str = "1p1d", policy="dualpath", progress: bool = True, **fields) -> dict:
     """Run one embedded cluster. `policy` is a name or a Policy object (e.g. one written in a
     notebook); `fields` are RunConfig fields (model, workload, snic_mbps, out, ...)."""
-    from dualjax.policies import Policy
+    from dualjax.core.policies import Policy
     obj = policy if isinstance(policy, Policy) else None
     cfg = RunConfig(cluster=ClusterSpec.parse(cluster), policy=obj.name if obj else policy, **fields)
     return run_embedded(cfg, progress=progress, policy=obj)

@@ -1,39 +1,19 @@
-"""MPI entry point: every rank runs this under `mpirun -n 1+P+D python -m mpi4py -m launch.main ...`.
+"""MPI entry point for your own mpirun: `mpirun -n 1+P+D python -m mpi4py -m launch.main FLAGS`.
 
-Takes the same flags as `dualjax run`. Rank 0 drives the workload and writes the outputs; the
-other ranks serve as prefill or decode hosts. Running through `python -m mpi4py` makes an
-uncaught exception on any rank abort the whole job instead of hanging it.
+Takes the flags of `dualjax run` (`--policy pkg.module:ClassName` included: the module must be
+importable on every rank). The same entry point as `dualjax.runtime.rank`, which `dualjax run`
+starts under mpiexec itself.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from dualjax.cli import add_run_flags, config_from_args, summary_line
+from dualjax.runtime.rank import main as rank_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mpi4py import MPI
-
-    from dualjax.runtime import run_rank
-    from dualjax.transport import MpiTransport
-
-    parser = argparse.ArgumentParser(prog="launch.main", description=__doc__)
-    add_run_flags(parser)
-    parser.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args)
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() != cfg.cluster.size:
-        raise SystemExit(f"cluster {cfg.cluster.name} needs {cfg.cluster.size} ranks, mpirun started {comm.Get_size()}")
-    transport = MpiTransport(comm)
-    report = run_rank(transport, cfg, progress=comm.Get_rank() == 0 and not args.quiet)
-    transport.close()
-    comm.Barrier()
-    if report is not None and not args.quiet:
-        print(summary_line(report), file=sys.stderr)
-    return 0
+    return rank_main(argv, prog="launch.main")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,32 @@
-"""Functional JAX decoder models (Llama / Qwen2 family). Knows nothing of storage or MPI."""
+"""Functional JAX decoder models (Llama / Qwen2 family). Knows nothing of storage or MPI.
 
-from models.checkpoint import CheckpointError, load_hf, restore_checkpoint, save_checkpoint
+Configs, shape buckets and cost formulas (`models.config`, `models.buckets`, `models.costs`) import
+without JAX, so the simulator can use them; everything else loads JAX on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.config import PRESETS, ModelConfig, get_config
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
-from models.decode import DecodeCache, generate
-from models.model import decode_step, forward, forward_layer, greedy, reference_logits
-from models.params import abstract_params, check_params, init_params, param_bytes, param_count
-from models.prefill import Buckets, InputError, Layerwise, compile_counts, prefill
-from models.sharding import make_mesh, param_shardings, shard_params
 
-__all__ = [
-    "CheckpointError", "load_hf", "restore_checkpoint", "save_checkpoint", "PRESETS", "ModelConfig", "get_config",
-    "decode_flops", "kv_bytes_per_token", "prefill_flops", "DecodeCache", "generate", "decode_step", "forward",
-    "forward_layer", "greedy", "reference_logits", "abstract_params", "check_params", "init_params", "param_bytes", "param_count",
-    "Buckets", "InputError", "Layerwise", "compile_counts", "prefill", "make_mesh", "param_shardings",
-    "shard_params",
-]
+_LAZY = {
+    "CheckpointError": "checkpoint", "load_hf": "checkpoint", "restore_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint", "DecodeCache": "decode", "generate": "decode",
+    "decode_step": "model", "forward": "model", "forward_layer": "model", "greedy": "model",
+    "reference_logits": "model", "abstract_params": "params", "check_params": "params",
+    "init_params": "params", "param_bytes": "params", "param_count": "params",
+    "InputError": "prefill", "Layerwise": "prefill", "compile_counts": "prefill", "prefill": "prefill",
+    "make_mesh": "sharding", "param_shardings": "sharding", "shard_params": "sharding",
+}
+
+__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "get_config", "decode_flops",
+           "kv_bytes_per_token", "prefill_flops", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"models.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The model dtypes, as NumPy dtypes (JAX takes these directly; ml_dtypes is what jnp.bfloat16 is).
+class ModelConfigError(ValueError):
+    """A bad model config or an unknown preset name; the message names the field or the presets."""
+
+
+class UnknownPreset(ModelConfigError, KeyError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +47,15 @@ class ModelConfig:
     def __post_init__(self):
         for field in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffw", "max_seq_len"):
             if getattr(self, field) <= 0:
-                raise ValueError(f"ModelConfig {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+                raise ModelConfigError(f"ModelConfig {self.name!r}: {field} must be positive, got {getattr(self, field)}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
+            raise ModelConfigError(
                 f"ModelConfig {self.name!r}: n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig {self.name!r}: head_dim must be even for RoPE, got {self.head_dim}")
+            raise ModelConfigError(f"ModelConfig {self.name!r}: head_dim must be even for RoPE, got {self.head_dim}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"ModelConfig {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+            raise ModelConfigError(f"ModelConfig {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
 
     @property
     def jnp_dtype(self):
@@ -84,8 +95,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def get_config(name: str, **overrides) -> ModelConfig:
-    """The preset called `name`, with optional field overrides. Raises KeyError for unknown names."""
+    """The preset called `name`, with optional field overrides. Raises UnknownPreset (a KeyError) for unknown names."""
     if name not in PRESETS:
-        raise KeyError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+        raise UnknownPreset(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
     cfg = PRESETS[name]
     return cfg.replace(**overrides) if overrides else cfg

@@ -16,7 +16,8 @@ import numpy as np
 from models.config import ModelConfig
 from models.model import decode_step_jit, greedy
 from models.params import Params
-from models.prefill import DEFAULT_BUCKETS, InputError, check_tokens, prefill
+from models.buckets import DEFAULT_BUCKETS
+from models.prefill import InputError, check_tokens, prefill
 
 
 @functools.partial(jax.jit, donate_argnums=0)

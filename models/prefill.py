@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.config import ModelConfig
 from models.model import _forward_jit, embed, forward_layer, head
 from models.params import Params
@@ -24,25 +25,6 @@ class InputError(ValueError):
     """Bad input to a model function: the message says which argument and what was expected."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Buckets:
-    """Padding buckets: new-token and prefix lengths round up to powers of two from these minima."""
-
-    min_new: int = 256
-    min_prefix: int = 512
-
-    def new(self, n: int) -> int:
-        return max(self.min_new, 1 << max(n - 1, 0).bit_length())
-
-    def prefix(self, n: int) -> int:
-        return 0 if n == 0 else max(self.min_prefix, 1 << (n - 1).bit_length())
-
-    def pass_shape(self, rows: int, cached: int, new: int) -> tuple[int, int, int]:
-        """(rows, padded new, padded prefix) a Layerwise pass over rows of at most these lengths computes."""
-        return rows, self.new(new), self.prefix(cached)
-
-
-DEFAULT_BUCKETS = Buckets()
 
 
 def check_tokens(tokens, cfg: ModelConfig, name: str = "tokens") -> np.ndarray:

@@ -1,6 +1,7 @@
 """The simulator: a DualPath cluster at any scale, driven by the runtime's own scheduler and policies.
 
-    from dualjax.sim import SimConfig, simulate
+    from dualjax.core.config import SimConfig
+from dualjax.sim import simulate
     report = simulate(SimConfig(ClusterSpec(2, 4), workload="paper-64k", agents=2048), out="runs/sim")
 
 It writes the same `report.json` and plots as a real run (and `requests.npz` for the per-request
@@ -14,11 +15,12 @@ import os
 
 import numpy as np
 
-from dualjax.policies import Policy, get_policy
-from dualjax.report import write_report
-from dualjax.sim.engine import SimConfig, SimError, Simulation
+from dualjax.core.policies import Policy, get_policy
+from dualjax.core.report import write_report
+from dualjax.core.config import SimConfig
+from dualjax.sim.engine import SimError, Simulation
 from dualjax.sim.profiles import Hardware, get_hardware, model_cost
-from dualjax.workload import get_workload, load_trajectories, slo_for, start_times, turn_lengths
+from dualjax.core.workload import get_workload, load_trajectories, slo_for, start_times, turn_lengths
 
 __all__ = ["SimConfig", "SimError", "Simulation", "simulate", "build", "get_hardware", "model_cost"]
 
@@ -59,7 +61,7 @@ def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None
     extra = {"simulated": True, "hardware": dataclasses.asdict(sim.hw), "events": sim.events_done,
              "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None}
     if out is None:
-        from dualjax.report import summarize
+        from dualjax.core.report import summarize
         report = summarize(cols, sim.host_stats(), cfg, name, slo_for(cfg.workload))
         report.update(extra)
         return report

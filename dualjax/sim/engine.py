@@ -34,37 +34,15 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from dualjax.batching import pack
-from dualjax.config import ClusterSpec
-from dualjax.policies import Policy, get_policy
-from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.batching import pack
+from dualjax.core.config import SimConfig
+from dualjax.core.policies import Policy, get_policy, layerwise_for
+from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Costs, FifoLink, Node, SimError
-from models.prefill import DEFAULT_BUCKETS
+from models.buckets import DEFAULT_BUCKETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2}
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """One simulation: the same knobs as a real run where they exist (`RunConfig`)."""
-
-    cluster: ClusterSpec  # P prefill nodes, D decode nodes
-    hardware: str = "paper-h800"
-    model: str = "deepseek-v3.2"
-    workload: str = "paper-64k"
-    agents: int | None = None
-    turns: int | None = None
-    policy: str = "dualpath"
-    aps: float | None = None
-    layerwise: bool = True
-    use_store: bool = True
-    snic_mbps: float | None = None  # override the profile's storage NIC bandwidth per node
-    block_tokens: int = 64
-    prefill_chunk: int = 2048
-    compute_quota_ms: float = 300.0
-    workload_seed: int = 0
-    window_s: float = 1.0  # storage-NIC balance and bandwidth plots
 
 
 class Row:
@@ -119,9 +97,9 @@ class Simulation:
                  progress: bool = True):
         self.cfg, self.hw, self.model = cfg, hw, model
         longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
-        self.costs = Costs(hw, model, DEFAULT_BUCKETS.prefix(longest + 1))  # as `dualjax.decode.decode_capacity`
+        self.costs = Costs(hw, model, DEFAULT_BUCKETS.prefix(longest + 1))  # as `dualjax.runtime.decode_host.decode_capacity`
         self.policy = get_policy(policy or cfg.policy)
-        self.layerwise = cfg.layerwise and self.policy.layerwise
+        self.layerwise = layerwise_for(self.policy, cfg.layerwise)
         self.append, self.gen, self.starts, self.think_s = append, gen, starts, think_s
         self.progress = progress
         g, P, D = hw.gpus_per_node, cfg.cluster.prefill, cfg.cluster.decode
@@ -422,7 +400,7 @@ class Simulation:
 
     # -- results -----------------------------------------------------------------------------------
     def host_stats(self) -> list[dict]:
-        """Per node, in the shape real hosts report (`dualjax.report.summarize`)."""
+        """Per node, in the shape real hosts report (`dualjax.core.report.summarize`)."""
         out = []
         for node in self.nodes:
             engines = [e for e in self.engines.values() if e.node is node]

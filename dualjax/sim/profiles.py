@@ -25,6 +25,10 @@ import os
 GB = 1e9
 
 
+class ProfileError(FileNotFoundError):
+    """A hardware profile that is not a preset and not a readable profile file."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelCost:
     name: str
@@ -146,7 +150,7 @@ def get_hardware(name: str) -> Hardware:
     if not os.path.exists(path):
         hint = ("run `dualjax calibrate` first" if name == "local"
                 else "profiles: paper-h800, oracle, local, or a JSON file")
-        raise FileNotFoundError(f"no hardware profile {name!r} ({path} missing): {hint}")
+        raise ProfileError(f"no hardware profile {name!r} ({path} missing): {hint}")
     with open(path) as f:
         d = json.load(f)
     for k in ("prefill_fit", "decode_fit"):

@@ -12,7 +12,7 @@ import math
 from collections import deque
 
 from dualjax.sim.profiles import Hardware, ModelCost
-from models.prefill import DEFAULT_BUCKETS
+from models.buckets import DEFAULT_BUCKETS
 
 
 class SimError(ValueError):
@@ -38,7 +38,7 @@ class FifoLink:
 
 
 class Buffer:
-    """A host buffer with a byte budget: reservations wait FIFO for room, as in `dualjax.buffers`."""
+    """A host buffer with a byte budget: reservations wait FIFO for room, as in `dualjax.runtime.buffers`."""
 
     __slots__ = ("budget", "used", "peak", "waiting", "name")
 

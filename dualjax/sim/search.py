@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
-from dualjax.config import ClusterSpec
-from dualjax.sim import SimConfig, simulate
+from dualjax.core.config import ClusterSpec
+from dualjax.core.config import SimConfig
+from dualjax.sim import simulate
 
 
 def within_slo(report: dict, attainment: float) -> bool:

@@ -3,8 +3,8 @@
 import numpy as np
 from mpi4py import MPI
 
-from dualjax.messages import LayerKV, PrefillDone, Ready
-from dualjax.transport import MpiTransport
+from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
+from dualjax.runtime.transport import MpiTransport
 
 t = MpiTransport(MPI.COMM_WORLD, chunk_bytes=64 << 10)
 if t.rank == 0:

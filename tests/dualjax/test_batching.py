@@ -2,7 +2,7 @@
 
 import pytest
 
-from dualjax.batching import AttentionFit, Work, pack
+from dualjax.core.batching import AttentionFit, Work, pack
 
 FIT = AttentionFit(a=1e-6, b=1e-4, c=0.0)  # 100 new tokens over 0 cached: 1e-6*100*50 + 1e-2 = 0.015 s
 

@@ -4,8 +4,8 @@ from fractions import Fraction
 
 import pytest
 
-from dualjax import cli
-from dualjax.planner import HardwareError, pd_window
+from dualjax.cli import main as cli
+from dualjax.core.planner import HardwareError, pd_window
 
 
 def test_paper_worked_example():

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from dualjax import cli
-from dualjax.config import ClusterSpec, ConfigError, RunConfig
-from dualjax.runtime import run_embedded
-from dualjax.transport import HostFailure
-from dualjax.verify import tokens_of
+from dualjax.cli import main as cli
+from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.runtime.launch import mpiexec, run_embedded
+from dualjax.runtime.transport import HostFailure
+from dualjax.cli.verify import tokens_of
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
 
@@ -33,7 +33,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("policy,layerwise,cluster", [("pe-only", True, "1p1d"), ("de-only", True, "1p2d"),
                                                       ("random", False, "2p1d"), ("de-only", False, "1p1d"),
-                                                      ("dualpath", True, "2p2d"), ("basic", True, "1p1d")])
+                                                      ("dualpath", True, "2p2d"), ("basic", None, "1p1d")])
 def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, layerwise, cluster):
     report, tokens = _run(tmp_path, "run", policy=policy, layerwise=layerwise, cluster=ClusterSpec.parse(cluster))
     assert tokens == reference
@@ -101,7 +101,7 @@ def test_a_failing_host_ends_the_embedded_run(tmp_path):
 def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
     argv = ["run", "--cluster", "1p1d", "--agents", "2", "--turns", "1", "--inject-failure", "1", "--quiet",
             "--out", str(tmp_path / "mpi")]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli", *argv], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
 
@@ -110,13 +110,13 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
     out = tmp_path / "mpi"
     argv = ["run", "--cluster", "1p2d", "--agents", "3", "--turns", "3", "--policy", "random", "--quiet",
             "--out", str(out)]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli", *argv], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert tokens_of(str(out)) == reference
 
 
 def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
-    proc = subprocess.run([cli.mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_lanes.py"],
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_lanes.py"],
                           capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
                               os.path.dirname(os.path.abspath(__file__)))))
     assert proc.returncode == 0, proc.stderr
@@ -131,6 +131,9 @@ def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
     (["--model", "gpt-9"], "unknown model preset"),
     (["--policy", "fastest"], "unknown policy"),
     (["--aps", "0"], "must be positive"),
+    (["--policy", "basic", "--layerwise"], "contradicts policy 'basic'"),
+    (["--policy", "nosuchmodule:Policy"], "cannot import module 'nosuchmodule'"),
+    (["--policy", "dualjax.core.policies:Nope"], "has no 'Nope'"),
 ])
 def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
@@ -179,14 +182,14 @@ def test_online_mode_and_trajectory_file_run(tmp_path, reference):
 
 @pytest.mark.slow
 def test_e2e_benchmark_quick(tmp_path):
-    from benchmarks import e2e
+    from dualjax.bench import e2e
     result = e2e.main(["--quick", "--out", str(tmp_path / "e2e"), "--json", str(tmp_path / "e2e.json")])
     assert set(result["speedup"]) == {"1p1d", "1p2d"}
     assert result["speedup"]["1p1d"] > 1.2  # storage-bound: the second path must pay off
     assert all(os.path.exists(p) for p in result["plots"])
     assert len(result["runtime_profile"]["pack_fit"]) == 3  # what the simulator replays below
     # The simulator on this machine's calibrated profile, against these very runs.
-    from dualjax.sim.validate import main as validate
+    from dualjax.cli.validate import main as validate
     v = validate(["--real", str(tmp_path / "e2e.json"), "--profile", str(tmp_path / "local.json"),
                   "--out", str(tmp_path / "validate")])
     assert set(v["jct_error"]) == {"1p1d-control", "1p1d-basic", "1p1d-dualpath", "1p2d-basic", "1p2d-dualpath"}

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from dualjax.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
-from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
+from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 
 TH = Thresholds(alpha_tokens=1000, beta_tokens=5000)
 

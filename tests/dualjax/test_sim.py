@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from dualjax.cli import main
-from dualjax.config import ClusterSpec
-from dualjax.sim import SimConfig, SimError, Simulation, simulate
+from dualjax.cli.main import main
+from dualjax.core.config import ClusterSpec
+from dualjax.core.config import SimConfig
+from dualjax.sim import SimError, Simulation, simulate
 from dualjax.sim.engine import _slowdowns
 from dualjax.sim.resources import Buffer, FifoLink, PassTable
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
@@ -131,7 +132,7 @@ def test_dualpath_uses_both_storage_nics(storage_bound):
 
 
 def test_custom_policy_object_runs_in_the_simulator():
-    from dualjax.policies import Policy
+    from dualjax.core.policies import Policy
 
     class Decode(Policy):
         name = "always-de"
@@ -185,7 +186,7 @@ def test_a_request_that_fits_no_engine_is_reported():
 
 
 def test_storage_balance_over_the_steady_state():
-    from dualjax.report import snic_balance
+    from dualjax.core.report import snic_balance
     a = {"snic_series": [(0, 0), (1, 10), (2, 20), (3, 30), (4, 40)]}  # 10 bytes in each of 4 windows
     b = {"snic_series": [(0, 0), (1, 0), (2, 10), (3, 20), (4, 20)]}  # idle in the first and the last
     assert snic_balance([a, b]) == pytest.approx(1.0)  # windows 1-2: both read 10

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from dualjax.workload import (WorkloadError, agents_for, get_workload, load_trajectories, load_workload,
+from dualjax.core.workload import (WorkloadError, agents_for, get_workload, load_trajectories, load_workload,
                               mooncake_trace, trajectory)
 from kvstore import BlockLayout, block_chain
 
@@ -24,7 +24,7 @@ def test_presets_follow_the_paper_table_and_are_deterministic():
     assert abs(means[0] / 429 - 1) < 0.15 and abs(means[1] / 176 - 1) < 0.15
     other = trajectory(spec, 4, 1000, seed=1)  # unique first rounds: no prefix shared across agents
     assert not np.array_equal(a[0].append[:64], other[0].append[:64])
-    with pytest.raises(KeyError, match="agentic-tiny"):
+    with pytest.raises(WorkloadError, match="agentic-tiny"):
         get_workload("nope")
 
 

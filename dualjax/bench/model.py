@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from benchmarks.common import emit, machine, matmul_flops_per_s, parser, timeit
+from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
 
-log = logging.getLogger("benchmarks.model")
+log = logging.getLogger("dualjax.bench.model")
 
 
 def bench_prefill(params, cfg, cached: int, new: int) -> dict:

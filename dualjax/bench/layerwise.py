@@ -27,10 +27,10 @@ import numpy as np
 
 import kvstore as kv
 import models
-from benchmarks.common import emit, parser
-from dualjax.layout import layout_for
+from dualjax.bench.common import emit, parser
+from dualjax.runtime.store import layout_for
 
-log = logging.getLogger("benchmarks.layerwise")
+log = logging.getLogger("dualjax.bench.layerwise")
 
 
 def _prefix_bytes_live(shape) -> int:

@@ -10,9 +10,11 @@ import threading
 
 import numpy as np
 
+from dualjax.core.config import ConfigError
 
-class BufferTooSmall(ValueError):
-    pass
+
+class BufferTooSmall(ConfigError):
+    """A buffer budget smaller than one request: the message says which flag to raise."""
 
 
 class HostBuffer:

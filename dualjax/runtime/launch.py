@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 
 import models
-from dualjax.config import RunConfig
-from dualjax.decode import DecodeHost, decode_capacity
-from dualjax.driver import Driver
-from dualjax.layout import open_store, run_layout
-from dualjax.policies import Policy, get_policy
-from dualjax.prefill import PrefillHost
-from dualjax.profile import prefill_tokens_per_s, thresholds
-from dualjax.workload import load_workload, slo_for
-from dualjax.report import write_run
-from dualjax.transport import HostFailure, InProcFabric, Transport
+from dualjax.core.config import RunConfig
+from dualjax.runtime.decode_host import DecodeHost, decode_capacity
+from dualjax.runtime.driver import Driver
+from dualjax.runtime.store import open_store, run_layout
+from dualjax.core.policies import Policy, get_policy
+from dualjax.runtime.prefill_host import PrefillHost
+from dualjax.runtime.startup import prefill_tokens_per_s, thresholds
+from dualjax.core.workload import load_workload, slo_for
+from dualjax.core.report import write_run
+from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +80,41 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
             h.stop.set()
         for t in threads:
             t.join(timeout=10)
+
+
+def check_run(cfg: RunConfig) -> None:
+    """Fail fast, before any process starts: presets and policy resolve, the workload loads,
+    buffers hold a block, the store matches."""
+    from dualjax.runtime.buffers import HostBuffer
+    model_cfg = models.get_config(cfg.model)
+    layout = run_layout(cfg)
+    get_policy(cfg.policy)
+    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)
+    HostBuffer("DE", int(cfg.de_buffer_mb * 2**20)).check_fits(layout.block_bytes)
+    open_store(cfg)
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the `mpich` wheel's), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = beside if os.path.exists(beside) else shutil.which("mpiexec")
+    if not found:
+        raise SystemExit("mpiexec not found: `pip install mpich` (a dependency of dualjax) provides it")
+    return found
+
+
+def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:
+    """Run `cfg` as `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
+    rebuilt from `cfg`); returns mpiexec's exit code."""
+    from dualjax.core.config import to_argv
+    argv = to_argv(cfg) + (["--quiet"] if quiet else [])
+    cmd = [mpiexec(), "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m", "dualjax.runtime.rank", *argv]
+    return subprocess.run(cmd).returncode
+
+
+def summary_line(report: dict) -> str:
+    c = report["config"]["cluster"]
+    return (f"{c['prefill']}p{c['decode']}d {report['policy']}: {report['requests']} requests  "
+            f"JCT {report['jct_s']:.2f} s  {report['tokens_per_s']:.1f} tok/s  hit {report['hit_rate']:.1%}  "
+            f"paths {report['paths']}  relay {report['relay_bytes'] / 2**20:.1f} MiB")

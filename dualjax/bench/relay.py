@@ -2,7 +2,7 @@
 `Send` of the same bytes in the same run, and the p99 latency of control messages while a relay
 saturates the link, with the priority lanes and with one FIFO lane.
 
-    python -m benchmarks.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
+    python -m dualjax.bench.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
 
 Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
 "link" is MPICH's shared-memory transport; nothing is emulated.
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import emit, parser
+from dualjax.bench.common import emit, parser
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +56,8 @@ def _raw(comm, layers, repeats: int) -> float:
 
 def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int):
     """Send the layers through MpiTransport; returns (seconds, control latencies in ms at rank 0)."""
-    from dualjax.messages import LayerKV
-    from dualjax.transport import MpiTransport
+    from dualjax.runtime.messages import LayerKV
+    from dualjax.runtime.transport import MpiTransport
     t = MpiTransport(comm, priority=priority, chunk_bytes=chunk)
     comm.Barrier()
     t0, lat = time.perf_counter(), []
@@ -128,13 +128,13 @@ def main(argv=None) -> dict:
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.under_mpi:
-        from dualjax.transport import DEFAULT_CHUNK_BYTES
+        from dualjax.runtime.transport import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
         return {}
-    from dualjax.cli import mpiexec
+    from dualjax.runtime.launch import mpiexec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "relay.json")
-        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "benchmarks.relay", "--under-mpi", out]
+        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.relay", "--under-mpi", out]
         extra = (["--quick"] if args.quick else []) + (["--chunk-kib", str(args.chunk_kib)] if args.chunk_kib else [])
         subprocess.run(cmd + extra, check=True)
         result = json.load(open(out))

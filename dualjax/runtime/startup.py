@@ -13,10 +13,10 @@ import numpy as np
 
 import kvstore
 import models
-from dualjax.batching import AttentionFit
-from dualjax.config import RunConfig
-from dualjax.layout import run_layout
-from dualjax.scheduler import Thresholds
+from dualjax.core.batching import AttentionFit
+from dualjax.core.config import RunConfig
+from dualjax.runtime.store import run_layout
+from dualjax.core.scheduler import Thresholds
 
 
 def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:

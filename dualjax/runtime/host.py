@@ -13,10 +13,10 @@ import jax
 
 import kvstore
 import models
-from dualjax.config import RunConfig
-from dualjax.layout import open_store, run_layout
-from dualjax.messages import EngineState, HostStats, Shutdown, StatsRequest
-from dualjax.transport import HostFailure, Transport
+from dualjax.core.config import RunConfig
+from dualjax.runtime.store import open_store, run_layout
+from dualjax.runtime.messages import EngineState, HostStats, Shutdown, StatsRequest
+from dualjax.runtime.transport import HostFailure, Transport
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,10 @@ import json
 import numpy as np
 
 
+class WorkloadError(ValueError):
+    """A bad workload: unknown preset, bad trajectory or trace line, bad arrival rate."""
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
     name: str
@@ -36,7 +40,7 @@ class WorkloadSpec:
     def __post_init__(self):
         for f in ("agents", "turns", "first_append", "append", "gen"):
             if getattr(self, f) < 1:
-                raise ValueError(f"workload {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
+                raise WorkloadError(f"workload {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
 
 
 PRESETS: dict[str, WorkloadSpec] = {
@@ -59,7 +63,7 @@ PRESETS: dict[str, WorkloadSpec] = {
 
 def get_workload(name: str, **overrides) -> WorkloadSpec:
     if name not in PRESETS:
-        raise KeyError(f"unknown workload {name!r}; presets: {', '.join(PRESETS)}")
+        raise WorkloadError(f"unknown workload {name!r}; presets: {', '.join(PRESETS)}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
 
@@ -96,10 +100,6 @@ class Agent:
     start: float  # seconds after the run starts
     turns: list[Turn]
     think_s: float = 0.0
-
-
-class WorkloadError(ValueError):
-    pass
 
 
 def start_times(agents: int, seed: int = 0, aps: float | None = None) -> np.ndarray:

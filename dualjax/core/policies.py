@@ -12,6 +12,8 @@ implement `path`; override `engines` to take over engine choice too:
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 
@@ -89,10 +91,49 @@ class DualPath(Policy):
 POLICIES = {cls.name: cls for cls in (Basic, PeOnly, DeOnly, RoundRobin, Random, DualPath)}
 
 
+class PolicyError(KeyError):
+    """An unknown policy name or a `pkg.module:ClassName` reference that does not resolve."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def policy_class(ref: str) -> type[Policy]:
+    """The Policy class named by a built-in name or `pkg.module:ClassName` (importable on every host,
+    so the same class runs embedded, under mpiexec and in the simulator). Raises PolicyError."""
+    if ref in POLICIES:
+        return POLICIES[ref]
+    if ":" not in ref:
+        raise PolicyError(f"unknown policy {ref!r}; policies: {', '.join(POLICIES)}, or pkg.module:ClassName")
+    module, _, name = ref.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise PolicyError(f"policy {ref!r}: cannot import module {module!r} ({e})") from None
+    except AttributeError:
+        raise PolicyError(f"policy {ref!r}: module {module!r} has no {name!r}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise PolicyError(f"policy {ref!r}: {name!r} is not a subclass of dualjax.core.policies.Policy")
+    return cls
+
+
 def get_policy(policy) -> Policy:
-    """A Policy object from a name (or the object itself). Raises KeyError listing the names."""
-    if isinstance(policy, Policy):
-        return policy
-    if policy not in POLICIES:
-        raise KeyError(f"unknown policy {policy!r}; policies: {', '.join(POLICIES)}")
-    return POLICIES[policy]()
+    """A Policy object from a name or `pkg.module:ClassName` (or the object itself)."""
+    return policy if isinstance(policy, Policy) else policy_class(policy)()
+
+
+def layerwise_conflict(policy, layerwise: bool | None) -> str | None:
+    """Why `layerwise` contradicts `policy` (a name or object), or None: layerwise prefill asked of
+    a policy defined without it (Basic)."""
+    cls = POLICIES.get(policy) if isinstance(policy, str) else type(policy)
+    if layerwise and cls is not None and not cls.layerwise:
+        return (f"layerwise=True contradicts policy {cls.name!r}, which is defined without layerwise prefill; "
+                f"use pe-only for PE reads with layerwise prefill")
+    return None
+
+
+def layerwise_for(policy: Policy, layerwise: bool | None) -> bool:
+    """The one layerwise switch: the setting where given, else the policy's own default."""
+    if (why := layerwise_conflict(policy, layerwise)) is not None:
+        raise PolicyError(why)
+    return policy.layerwise if layerwise is None else layerwise

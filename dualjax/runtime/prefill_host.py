@@ -23,14 +23,14 @@ import time
 
 import numpy as np
 
-from dualjax.batching import Work, pack
-from dualjax.buffers import HostBuffer, RequestKV
-from dualjax.host import Host
-from dualjax.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
-from dualjax.profile import attention_fit
+from dualjax.core.batching import Work, pack
+from dualjax.runtime.buffers import HostBuffer, RequestKV
+from dualjax.runtime.host import Host
+from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
+from dualjax.runtime.startup import attention_fit
 from kvstore import block_chain
 from models import Layerwise, greedy
-from models.prefill import DEFAULT_BUCKETS
+from models.buckets import DEFAULT_BUCKETS
 
 
 class _Inbox:

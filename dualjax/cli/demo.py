@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from dualjax.config import ClusterSpec, RunConfig
-from dualjax.runtime import run_embedded
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.runtime.launch import run_embedded
 
 RUNS = (("PE path only", "pe-only"), ("DualPath", "dualpath"))
 

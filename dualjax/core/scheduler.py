@@ -26,7 +26,7 @@ from collections import deque
 
 import numpy as np
 
-from dualjax.policies import Policy
+from dualjax.core.policies import Policy
 
 
 @dataclasses.dataclass(frozen=True)

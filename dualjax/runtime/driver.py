@@ -16,13 +16,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from dualjax.config import RunConfig
-from dualjax.messages import (Assign, Complete, EngineState, HostStats, PrefillFinished, Request, Shutdown,
+from dualjax.core.config import RunConfig
+from dualjax.runtime.messages import (Assign, Complete, EngineState, HostStats, PrefillFinished, Request, Shutdown,
                               StatsRequest)
-from dualjax.policies import Policy
-from dualjax.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
-from dualjax.transport import HostFailure, Transport
-from dualjax.workload import Agent
+from dualjax.core.policies import Policy, layerwise_for
+from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.runtime.transport import HostFailure, Transport
+from dualjax.core.workload import Agent
 from kvstore import BlockStore, block_chain
 
 
@@ -62,7 +62,7 @@ class Driver:
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
             a = Assign(req, d.pe, d.de, path, r.hit_tokens // self.layout.block_tokens,
-                       self.cfg.layerwise and self.policy.layerwise, time.time())
+                       layerwise_for(self.policy, self.cfg.layerwise), time.time())
             self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled)
             self.transport.send(d.pe, a)
             self.transport.send(d.de, a)

@@ -13,8 +13,8 @@ import os
 import shutil
 import time
 
-from dualjax.config import ClusterSpec, RunConfig
-from dualjax.runtime import run_embedded
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.runtime.launch import launch_mpi, run_embedded
 
 # (name, cluster, policy, layerwise, launcher)
 RUNS = [
@@ -32,31 +32,18 @@ RUNS = [
 QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded")]
 
 
-def argv_for(cfg: RunConfig) -> list[str]:
-    """`dualjax run` flags that rebuild `cfg` (for the mpiexec launcher)."""
-    argv = ["--cluster", cfg.cluster.name, "--model", cfg.model, "--workload", cfg.workload, "--policy", cfg.policy,
-            "--out", cfg.out, "--store", cfg.store_dir, "--block-tokens", str(cfg.block_tokens), "--quiet",
-            "--prefill-chunk", str(cfg.prefill_chunk),
-            "--layerwise" if cfg.layerwise else "--no-layerwise"]
-    for flag, value in (("--agents", cfg.agents), ("--turns", cfg.turns)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
 def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
     with open(os.path.join(out_dir, "requests.jsonl")) as f:
         return {(r["agent"], r["turn"]): r["generated"] for r in map(json.loads, f)}
 
 
 def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bool, launcher: str, out: str):
-    from dualjax.cli import launch_mpi
     cfg = base.replace(cluster=ClusterSpec.parse(cluster), policy=policy, layerwise=layerwise,
                        out=os.path.join(out, name), store=os.path.join(out, name, "store"))
     shutil.rmtree(cfg.out, ignore_errors=True)
     if launcher == "embedded":
         run_embedded(cfg, progress=False)
-    elif launch_mpi(cfg, argv_for(cfg)) != 0:
+    elif launch_mpi(cfg, quiet=True) != 0:
         raise RuntimeError(f"verify run {name} failed under mpiexec")
     return tokens_of(cfg.out)
 

@@ -18,13 +18,13 @@ import time
 
 import numpy as np
 
-from dualjax.buffers import HostBuffer, RequestKV
-from dualjax.host import Host
-from dualjax.messages import Assign, Complete, LayerKV, PrefillDone, Ready
-from dualjax.workload import load_workload, max_context
+from dualjax.runtime.buffers import HostBuffer, RequestKV
+from dualjax.runtime.host import Host
+from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
+from dualjax.core.workload import load_workload, max_context
 from kvstore import block_chain
 from models import DecodeCache
-from models.prefill import DEFAULT_BUCKETS
+from models.buckets import DEFAULT_BUCKETS
 
 
 def decode_capacity(cfg, model_cfg) -> int:

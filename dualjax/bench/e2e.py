@@ -19,13 +19,13 @@ import os
 import shutil
 import time
 
-from benchmarks.common import emit, parser
-from dualjax.compare import load
-from dualjax.config import ClusterSpec, RunConfig
+from dualjax.bench.common import emit, parser
+from dualjax.cli.report import load
+from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.plots import plot_compare
-from dualjax.runtime import run_embedded
+from dualjax.runtime.launch import run_embedded
 
-log = logging.getLogger("benchmarks.e2e")
+log = logging.getLogger("dualjax.bench.e2e")
 
 FULL = [(c, p) for c in ("1p1d", "2p1d", "1p2d") for p in ("basic", "pe-only", "dualpath")] + \
        [("2p2d", "dualpath"), ("2p2d", "round-robin")]

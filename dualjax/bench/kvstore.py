@@ -23,10 +23,10 @@ import tensorstore as ts
 
 import kvstore as kv
 import models
-from benchmarks.common import emit, parser
-from dualjax.layout import layout_for
+from dualjax.bench.common import emit, parser
+from dualjax.runtime.store import layout_for
 
-log = logging.getLogger("benchmarks.kvstore")
+log = logging.getLogger("dualjax.bench.kvstore")
 
 
 def _fill(store: kv.BlockStore, n: int, seed: int = 0):

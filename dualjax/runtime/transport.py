@@ -7,7 +7,7 @@
   `chunk_bytes` with the upper-case buffer calls, and what must stay in order with them
   (`PrefillDone`). A control message waits for at most a window of chunks, never a whole layer.
   The receiver pre-posts every chunk's receive when a header arrives, so MPI moves the bytes.
-  `priority=False` sends everything in submission order (the FIFO baseline of `benchmarks.relay`).
+  `priority=False` sends everything in submission order (the FIFO baseline of `dualjax.bench.relay`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from dualjax.messages import LayerKV
+from dualjax.runtime.messages import LayerKV
 
 
 class HostFailure(RuntimeError):

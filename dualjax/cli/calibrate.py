@@ -3,7 +3,7 @@
 What the embedded runtime's hosts spend, measured here with the runtime's own code:
 * prefill: seconds of the model's padded layerwise passes by shape (rows, padded new, padded
   prefix) for every bucket the workload reaches (the table the simulator's passes take), and the
-  fit `AttentionFit` a PE packs its passes with (`dualjax.profile.attention_fit`);
+  fit `AttentionFit` a PE packs its passes with (`dualjax.runtime.startup.attention_fit`);
 * decode: seconds of one fixed-shape decode step (`DecodeCache.step` over `decode_slots` slots)
   at several slot capacities, fitted as d0 + d1 * capacity;
 * storage: Full Block read rate of a scratch store beside the run's (`profile.store_read_bytes_per_s`);
@@ -26,21 +26,21 @@ import time
 import numpy as np
 
 import models
-from dualjax.config import ClusterSpec, RunConfig
-from dualjax.layout import run_layout
-from dualjax.messages import LayerKV
-from dualjax.profile import (_params, _prefill_seconds, attention_fit, prefill_tokens_per_s,
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.runtime.store import run_layout
+from dualjax.runtime.messages import LayerKV
+from dualjax.runtime.startup import (_params, _prefill_seconds, attention_fit, prefill_tokens_per_s,
                              store_read_bytes_per_s)
 from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
-from dualjax.transport import InProcFabric
-from dualjax.workload import get_workload, turn_lengths
-from models.prefill import DEFAULT_BUCKETS
+from dualjax.runtime.transport import InProcFabric
+from dualjax.core.workload import get_workload, turn_lengths
+from models.buckets import DEFAULT_BUCKETS
 
 CAPACITIES = (256, 512, 1024, 2048)
 
 
 def pass_table(model: str, max_new: int, max_prefix: int, repeats: int = 2) -> list[tuple[int, int, int, float]]:
-    """[(rows, padded new, padded prefix, seconds)] of layerwise passes (`dualjax.profile`'s
+    """[(rows, padded new, padded prefix, seconds)] of layerwise passes (`dualjax.runtime.startup`'s
     timing), for the buckets up to `max_new` new and `max_prefix` cached tokens; 1, 2 and 4 rows
     while rows * new <= 1024. More rows scale in proportion (`PassTable`), as measured here from 4
     to 8 rows past the smallest shapes."""
@@ -149,8 +149,8 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
     compute at once) after one that compiles. The bare passes are timed right after each run: this
     machine's speed drifts by ~10% over minutes, and the ratio must not. The hosts do more than the
     bare model: prefix assembly per layer, sends, per-slot bookkeeping."""
-    from dualjax.decode import decode_capacity
-    from dualjax.runtime import run_embedded
+    from dualjax.runtime.decode_host import decode_capacity
+    from dualjax.runtime.launch import run_embedded
     ratios, steps = [], []
     for attempt in range(runs + 1):
         cfg = RunConfig(ClusterSpec(1, 1), model=model, workload=workload, agents=1, turns=6,
@@ -196,3 +196,20 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
               f"decode x{decode_scale:.2f}")
     save_hardware(hw, path)
     return hw
+
+
+def main(args) -> int:
+    """`dualjax calibrate`: measure, write the profile, print what it holds."""
+    path = args.out or DEFAULT_LOCAL
+    hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
+    a, b, c = hw.prefill_fit
+    print(f"local profile ({args.model}) -> {path}\n"
+          f"  prefill passes: {len(hw.pass_table)} padded shapes (rows x new x prefix), from "
+          f"{min(r[3] for r in hw.pass_table) * 1e3:.0f} to {max(r[3] for r in hw.pass_table) * 1e3:.0f} ms; "
+          f"the hosts take x{hw.prefill_scale:.2f}\n"
+          f"  packing fit: {a:.3g} s x new x (cached + new/2) + {b:.3g} s x new + {c:.3g} s per row\n"
+          f"  decode step: {hw.decode_fit[0] * 1e3:.2f} ms + {hw.decode_fit[1] * 1e6:.3f} us x capacity\n"
+          f"  with 1, 2, 3 other engines computing: a pass x{', '.join(f'{c:.2f}' for c in hw.contention)}, "
+          f"a decode step x{', '.join(f'{c:.2f}' for c in hw.decode_contention)}\n"
+          f"  storage read {hw.snic_bytes_per_s / 1e9:.2f} GB/s   relay {hw.cnic_bytes_per_s / 1e9:.2f} GB/s")
+    return 0

@@ -18,12 +18,13 @@ import logging
 import os
 import time
 
-from benchmarks.common import emit
-from dualjax.config import ClusterSpec
-from dualjax.sim import SimConfig, simulate
+from dualjax.bench.common import emit
+from dualjax.core.config import ClusterSpec
+from dualjax.core.config import SimConfig
+from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 
-log = logging.getLogger("dualjax.sim.validate")
+log = logging.getLogger("dualjax.cli.validate")
 
 
 def main(argv=None) -> dict:
@@ -43,11 +44,11 @@ def main(argv=None) -> dict:
         with open(args.real) as f:
             real = json.load(f)
     else:
-        from benchmarks import e2e
+        from dualjax.bench import e2e
         real = e2e.main(["--out", os.path.join(args.out, "real")] + (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
     if not os.path.exists(args.profile):
-        from dualjax.sim.calibrate import calibrate
+        from dualjax.cli.calibrate import calibrate
         log.info("no local profile yet: calibrating (%s)", args.profile)
         calibrate(real.get("model", "small"), real["workload"], store_dir=os.path.join(args.out, "calibrate-store"),
                   path=args.profile)

@@ -1,0 +1,1 @@
+"""The `dualjax` command: demo, run, verify, report, plan, sim, calibrate, validate, bench."""

@@ -1,0 +1,112 @@
+"""The `dualjax` command line.
+
+    dualjax demo [--quick] [--model M]          the main job: a small agentic run, PE-only vs dual-path
+    dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
+    dualjax verify --json FILE                  bit-identical tokens across paths, modes and launchers
+    dualjax report DIR... [--png FILE]          compare runs in one table and one figure
+    dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
+    dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
+    dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
+    dualjax calibrate                           measure this machine into the simulator's `local` profile
+    dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
+
+Bad input (flags, presets, files, stores) ends with one line naming what was wrong and exit code 2;
+anything else is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dualjax.core.config import RunConfig, add_flags, from_args
+
+BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
+           "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e"}
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The project's own error types for bad input: the CLI reports these in one line."""
+    from dualjax.core.config import ConfigError
+    from dualjax.core.planner import HardwareError
+    from dualjax.core.policies import PolicyError
+    from dualjax.core.workload import WorkloadError
+    from dualjax.sim.profiles import ProfileError
+    from dualjax.sim.resources import SimError
+    from kvstore import StoreError
+    from models.checkpoint import CheckpointError
+    from models.config import ModelConfigError
+    return (ConfigError, HardwareError, PolicyError, WorkloadError, ProfileError, SimError, StoreError,
+            CheckpointError, ModelConfigError)
+
+
+def cmd_run(args) -> int:
+    from dualjax.runtime.launch import check_run, launch_mpi, run_embedded, summary_line
+    cfg = from_args(RunConfig, args)
+    check_run(cfg)
+    if not args.embedded:
+        rc = launch_mpi(cfg, quiet=args.quiet)
+        if rc:
+            print(f"dualjax run: a host failed (exit code {rc}); see its traceback above", file=sys.stderr)
+        return rc  # on success rank 0 printed the summary
+    print(summary_line(run_embedded(cfg, progress=not args.quiet)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dualjax.cli import plan, sim
+    parser = argparse.ArgumentParser(prog="dualjax", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="a small agentic workload on an embedded 1P1D cluster")
+    demo.add_argument("--quick", action="store_true", help="fewer agents and turns, the tiny model (CI smoke run)")
+    demo.add_argument("--model", help="model preset (default: small, or tiny with --quick)")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    run = sub.add_parser("run", help="one run on a cluster")
+    add_flags(run, RunConfig)
+    run.add_argument("--embedded", action="store_true", help="all hosts in this process (no MPI)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    ver = sub.add_parser("verify", help="bit-identical tokens across paths, layerwise modes and launchers")
+    ver.add_argument("--json", metavar="FILE")
+    ver.add_argument("--out", default="runs/verify")
+    ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
+    plan.add_parser(sub)
+    sim.add_parsers(sub)
+    rep = sub.add_parser("report", help="compare runs in one table and one figure")
+    rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
+    rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
+    sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
+    return parser
+
+
+def dispatch(args) -> int:
+    if args.command == "run":
+        return cmd_run(args)
+    module = {"demo": "demo", "verify": "verify", "plan": "plan", "sim": "sim", "calibrate": "calibrate",
+              "report": "report"}[args.command]
+    return importlib.import_module(f"dualjax.cli.{module}").main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["sim", "validate"]:
+        from dualjax.cli.validate import main as validate_main
+        validate_main(argv[2:])
+        return 0
+    if argv and argv[0] == "bench":
+        if len(argv) < 2 or argv[1] not in BENCHES:
+            print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
+            return 2
+        importlib.import_module(BENCHES[argv[1]]).main(argv[2:])
+        return 0
+    args = build_parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except user_errors() as e:
+        print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Run settings: one frozen dataclass per kind of run, the single source of every flag.
+
+Each field is declared once with `setting(default, help, ...)`; the flags of `dualjax run`,
+`launch.main`, `dualjax sim` and the argv `verify` rebuilds for mpiexec are derived from these
+declarations (`add_flags`, `from_args`, `to_argv`), so a new setting is one line here. Every host
+builds the same `RunConfig` from the same flags; the store's fingerprint check then catches a model
+or layout that does not match an existing store at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+
+class ConfigError(ValueError):
+    """A bad flag or config value; the message says which and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """P prefill hosts and D decode hosts. Rank 0 is the scheduler, then P prefill, then D decode."""
+
+    prefill: int
+    decode: int
+
+    def __post_init__(self):
+        if self.prefill < 1 or self.decode < 1:
+            raise ConfigError(f"a cluster needs at least one prefill and one decode host, got "
+                              f"{self.prefill}p{self.decode}d")
+
+    @classmethod
+    def parse(cls, text: str) -> "ClusterSpec":
+        m = re.fullmatch(r"(\d+)p(\d+)d", text.strip().lower())
+        if not m:
+            raise ConfigError(f"unknown cluster {text!r}: expected PpDd, e.g. 1p1d, 2p1d, 1p2d")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefill}p{self.decode}d"
+
+    @property
+    def size(self) -> int:
+        return 1 + self.prefill + self.decode
+
+    @property
+    def prefill_ranks(self) -> list[int]:
+        return list(range(1, 1 + self.prefill))
+
+    @property
+    def decode_ranks(self) -> list[int]:
+        return list(range(1 + self.prefill, self.size))
+
+    def role(self, rank: int) -> str:
+        if rank == 0:
+            return "scheduler"
+        if rank in self.prefill_ranks:
+            return "prefill"
+        if rank in self.decode_ranks:
+            return "decode"
+        raise ConfigError(f"rank {rank} is outside cluster {self.name} ({self.size} ranks)")
+
+
+def setting(default, help: str, *, flag: str | None = None, negate: str | None = None, parse=None,
+            cli: bool = True, hidden: bool = False, factory=None):
+    """A config field with its flag: `flag` overrides the name (default --field-name), `negate`
+    makes a store_false flag of that name for a True-default bool, `parse` turns the flag's text
+    into the value, `cli=False` keeps it off the command line (a programmatic setting), `hidden`
+    keeps it out of --help (a test hook)."""
+    meta = {"help": help, "flag": flag, "negate": negate, "parse": parse, "cli": cli, "hidden": hidden}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("negate") or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _base_type(cls, f: dataclasses.Field):
+    """(type, optional) of a field's annotation, e.g. (int, True) for `int | None`."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = (), required=()) -> None:
+    """One flag per `setting` field of the config dataclass `cls` (its type, default and help)."""
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", False) or f.name in skip:
+            continue
+        typ, _ = _base_type(cls, f)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = getattr(default, "name", default)
+        help_ = f"{f.metadata['help']} (default: {shown})" if default is not None else f.metadata["help"]
+        if f.metadata.get("hidden"):
+            help_ = argparse.SUPPRESS
+        if f.metadata.get("negate"):
+            parser.add_argument(_flag(f), dest=f.name, action="store_false", default=default,
+                                help=argparse.SUPPRESS if f.metadata.get("hidden") else f.metadata["help"])
+        elif typ is bool:
+            parser.add_argument(_flag(f), dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_)
+        else:
+            parse = f.metadata.get("parse") or typ
+            parser.add_argument(_flag(f), dest=f.name, type=parse, default=default, help=help_,
+                                required=f.name in required)
+
+
+def from_args(cls, args: argparse.Namespace, **overrides):
+    """The config `cls` from parsed flags (fields without a flag keep their defaults)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+              if f.metadata.get("cli", False) and hasattr(args, f.name)}
+    return cls(**(values | overrides))
+
+
+def to_argv(cfg) -> list[str]:
+    """Flags that rebuild `cfg` through `add_flags` + `from_args` (every non-default setting)."""
+    argv = []
+    for f in dataclasses.fields(cfg):
+        if not f.metadata.get("cli", False):
+            continue
+        value = getattr(cfg, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if value == default:
+            continue
+        typ, _ = _base_type(type(cfg), f)
+        if f.metadata.get("negate"):
+            argv.append(_flag(f))
+        elif typ is bool:
+            argv.append(("--" if value else "--no-") + _flag(f)[2:])
+        elif value is not None:
+            argv += [_flag(f), str(getattr(value, "name", value))]
+    return argv
+
+
+def _positive(cfg, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a real run and a simulation share: cluster, model, workload, policy and prefill knobs."""
+
+    cluster: ClusterSpec = setting(None, "PpDd: P prefill hosts, D decode hosts", parse=str,
+                                   factory=lambda: ClusterSpec(1, 1))
+    model: str = setting("tiny", "model preset (tiny, small, ...)")
+    workload: str = setting("agentic-tiny", "preset (agentic-tiny, agentic-small, agentic-e2e, paper-32k/48k/64k), "
+                            "a trajectory file *.jsonl, or mooncake:PATH[:LIMIT[:LENGTH_SCALE]]")
+    agents: int | None = setting(None, "override the preset's number of agents")
+    turns: int | None = setting(None, "override the preset's turns per agent")
+    policy: str = setting("dualpath", "read-path policy: basic, pe-only, de-only, round-robin, random, dualpath, "
+                          "or pkg.module:ClassName")
+    aps: float | None = setting(None, "online mode: agents arrive as a Poisson process at APS agents/s")
+    layerwise: bool | None = setting(None, "layerwise prefill (default: the policy's; Basic is not layerwise)")
+    use_store: bool = setting(True, "reference run: no store, every prompt recomputed", negate="--no-store")
+    snic_mbps: float | None = setting(None, "per-host storage NIC cap in MB/s (default: uncapped / the profile's)")
+    block_tokens: int = setting(64, "tokens per KV block")
+    prefill_chunk: int = setting(2048, "most new tokens of one request in one prefill pass (bounds attention "
+                                 "memory)")
+    compute_quota_ms: float = setting(300.0, "predicted prefill time a PE packs into one pass (docs/paper.md §7)")
+    workload_seed: int = setting(0, "workload seed", flag="--seed")
+
+    def __post_init__(self):
+        if isinstance(self.cluster, str):  # "1p2d", as flags and notebooks give it
+            object.__setattr__(self, "cluster", ClusterSpec.parse(self.cluster))
+        if not isinstance(self.cluster, ClusterSpec):
+            raise ConfigError(f"cluster must be a ClusterSpec (e.g. ClusterSpec.parse('1p1d')), got {self.cluster!r}")
+        _positive(self, "aps", "snic_mbps", "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns")
+        from dualjax.core.policies import layerwise_conflict
+        if (why := layerwise_conflict(self.policy, self.layerwise)) is not None:
+            raise ConfigError(why)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Settings):
+    """One real run (embedded or under MPI)."""
+
+    pe_buffer_mb: float = setting(512.0, "PE host buffer, MB")
+    de_buffer_mb: float = setting(512.0, "DE host buffer, MB")
+    decode_slots: int = setting(8, "sequences a decode host decodes together")
+    store: str | None = setting(None, "store directory (default: OUT/store)")
+    out: str = setting("runs/latest", "output directory for requests.jsonl and report.json")
+    hash_seed: int = setting(0, "block hash seed", cli=False)
+    param_seed: int = setting(0, "random-weight seed", cli=False)
+    inject_failure: int | None = setting(None, "test hook: this rank raises on its first request", hidden=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _positive(self, "pe_buffer_mb", "de_buffer_mb", "decode_slots")
+
+    @property
+    def store_dir(self) -> str:
+        return self.store or f"{self.out.rstrip('/')}/store"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig(Settings):
+    """One simulation: the same settings as a real run where they exist, on a hardware profile."""
+
+    cluster: ClusterSpec = setting(None, "PpDd in nodes", parse=str, factory=lambda: ClusterSpec(2, 4))
+    model: str = setting("deepseek-v3.2", "deepseek-v3.2 or a model preset")
+    workload: str = setting("paper-64k", "a workload preset or a trajectory file *.jsonl")
+    hardware: str = setting("paper-h800", "paper-h800, oracle, local (from `dualjax calibrate`) or a profile JSON "
+                            "file")
+    window_s: float = setting(1.0, "storage-NIC balance and bandwidth plot window, s", cli=False)

@@ -1,0 +1,2 @@
+"""The real runtime: messages, transports (in-process and MPI), host buffers, the prefill and
+decode hosts, rank 0's driver, the start-up profile, and the launchers that run them."""

@@ -1,0 +1,46 @@
+"""One MPI rank of a run: `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS`.
+
+Takes the flags of `dualjax run` (derived from `RunConfig`). Rank 0 drives the workload and writes
+the outputs; the other ranks serve as prefill or decode hosts. Running through `python -m mpi4py`
+makes an uncaught exception on any rank abort the whole job instead of hanging it.
+`launch.main` is the same entry point under the name users give their own `mpirun`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dualjax.core.config import RunConfig, add_flags, from_args
+
+
+def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p, RunConfig)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
+    from mpi4py import MPI
+
+    from dualjax.runtime.launch import run_rank, summary_line
+    from dualjax.runtime.transport import MpiTransport
+
+    args = parser(prog).parse_args(argv)
+    cfg = from_args(RunConfig, args)
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != cfg.cluster.size:
+        raise SystemExit(f"cluster {cfg.cluster.name} needs {cfg.cluster.size} ranks, mpirun started {comm.Get_size()}")
+    transport = MpiTransport(comm)
+    report = run_rank(transport, cfg, progress=comm.Get_rank() == 0 and not args.quiet)
+    transport.close()
+    comm.Barrier()
+    if report is not None and not args.quiet:
+        print(summary_line(report), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
