@@ -11,6 +11,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
+
 # The model dtypes, as NumPy dtypes (JAX takes these directly; ml_dtypes is what jnp.bfloat16 is).
 class ModelConfigError(ValueError):
     """A bad model config or an unknown preset name; the message names the field or the presets."""

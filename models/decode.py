@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.buckets import DEFAULT_BUCKETS
 from models.config import ModelConfig
 from models.model import decode_step_jit, greedy
 from models.params import Params
-from models.buckets import DEFAULT_BUCKETS
 from models.prefill import InputError, check_tokens, prefill
 
 

@@ -8,7 +8,6 @@ to a few buckets (powers of two) so a long multi-turn run compiles a handful of 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 
 import jax

@@ -27,13 +27,18 @@ import numpy as np
 
 import models
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.store import run_layout
-from dualjax.runtime.messages import LayerKV
-from dualjax.runtime.startup import (_params, _prefill_seconds, attention_fit, prefill_tokens_per_s,
-                             store_read_bytes_per_s)
-from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
-from dualjax.runtime.transport import InProcFabric
 from dualjax.core.workload import get_workload, turn_lengths
+from dualjax.runtime.messages import LayerKV
+from dualjax.runtime.startup import (
+    _params,
+    _prefill_seconds,
+    attention_fit,
+    prefill_tokens_per_s,
+    store_read_bytes_per_s,
+)
+from dualjax.runtime.store import run_layout
+from dualjax.runtime.transport import InProcFabric
+from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
 from models.buckets import DEFAULT_BUCKETS
 
 CAPACITIES = (256, 512, 1024, 2048)

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
-from dualjax.plots import plot_compare
 from dualjax.core.report import load_ttft
+from dualjax.plots import plot_compare
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("cluster", "{}"), ("requests", "{}"), ("JCT s", "{:.2f}"),
            ("tok/s", "{:.1f}"), ("hit", "{:.0%}"), ("TTFT p50", "{:.2f}"), ("TTFT p99", "{:.2f}"),

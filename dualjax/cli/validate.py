@@ -19,8 +19,7 @@ import os
 import time
 
 from dualjax.bench.common import emit
-from dualjax.core.config import ClusterSpec
-from dualjax.core.config import SimConfig
+from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 

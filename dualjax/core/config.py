@@ -15,6 +15,7 @@ import re
 import types
 import typing
 
+
 class ConfigError(ValueError):
     """A bad flag or config value; the message says which and what is allowed."""
 

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
+from dualjax.core.workload import load_workload, max_context
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
-from dualjax.core.workload import load_workload, max_context
 from kvstore import block_chain
 from models import DecodeCache
 from models.buckets import DEFAULT_BUCKETS

@@ -17,12 +17,20 @@ import numpy as np
 from tqdm import tqdm
 
 from dualjax.core.config import RunConfig
-from dualjax.runtime.messages import (Assign, Complete, EngineState, HostStats, PrefillFinished, Request, Shutdown,
-                              StatsRequest)
 from dualjax.core.policies import Policy, layerwise_for
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
-from dualjax.runtime.transport import HostFailure, Transport
 from dualjax.core.workload import Agent
+from dualjax.runtime.messages import (
+    Assign,
+    Complete,
+    EngineState,
+    HostStats,
+    PrefillFinished,
+    Request,
+    Shutdown,
+    StatsRequest,
+)
+from dualjax.runtime.transport import HostFailure, Transport
 from kvstore import BlockStore, block_chain
 
 

@@ -14,8 +14,8 @@ import jax
 import kvstore
 import models
 from dualjax.core.config import RunConfig
-from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.messages import EngineState, HostStats, Shutdown, StatsRequest
+from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.transport import HostFailure, Transport
 
 log = logging.getLogger(__name__)

@@ -17,14 +17,14 @@ import threading
 
 import models
 from dualjax.core.config import RunConfig
+from dualjax.core.policies import Policy, get_policy
+from dualjax.core.report import write_run
+from dualjax.core.workload import load_workload, slo_for
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
-from dualjax.runtime.store import open_store, run_layout
-from dualjax.core.policies import Policy, get_policy
 from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import prefill_tokens_per_s, thresholds
-from dualjax.core.workload import load_workload, slo_for
-from dualjax.core.report import write_run
+from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import kvstore
 import models
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
-from dualjax.runtime.store import run_layout
 from dualjax.core.scheduler import Thresholds
+from dualjax.runtime.store import run_layout
 
 
 def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:

@@ -25,7 +25,6 @@ Hits follow the runtime's store: a turn hits every full block of the agent's pre
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import time

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
-from dualjax.core.config import ClusterSpec
-from dualjax.core.config import SimConfig
+from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import simulate
 
 

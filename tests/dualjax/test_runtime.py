@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from dualjax.cli import main as cli
+from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.runtime.launch import mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
-from dualjax.cli.verify import tokens_of
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
 

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from dualjax.cli.main import main
-from dualjax.core.config import ClusterSpec
-from dualjax.core.config import SimConfig
+from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import SimError, Simulation, simulate
 from dualjax.sim.engine import _slowdowns
-from dualjax.sim.resources import Buffer, FifoLink, PassTable
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
+from dualjax.sim.resources import Buffer, FifoLink, PassTable
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
 # storage 1 MB/s, free transfers; a model of 4 layers and 1,000 bytes of KV per token.

@@ -7,8 +7,15 @@ import os
 import numpy as np
 import pytest
 
-from dualjax.core.workload import (WorkloadError, agents_for, get_workload, load_trajectories, load_workload,
-                              mooncake_trace, trajectory)
+from dualjax.core.workload import (
+    WorkloadError,
+    agents_for,
+    get_workload,
+    load_trajectories,
+    load_workload,
+    mooncake_trace,
+    trajectory,
+)
 from kvstore import BlockLayout, block_chain
 
 TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "mooncake",
