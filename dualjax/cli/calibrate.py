@@ -27,6 +27,7 @@ import numpy as np
 
 import models
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.startup import (
@@ -164,8 +165,9 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
         hosts = {h["role"]: h for h in run_embedded(cfg, progress=False)["hosts"]}
         if attempt:
             pe, de = hosts["prefill"], hosts["decode"]
-            shapes = [(tuple(map(int, key.split("x"))), n) for key, (n, _) in pe["pass_shapes"].items()]
-            bare = sum(n * _prefill_seconds(model, s, t, repeats=2, rows=b) for (b, t, s), n in shapes)
+            tallies = [PassTally.from_json(t) for t in pe["pass_shapes"]]
+            bare = sum(t.passes * _prefill_seconds(model, t.shape.prefix, t.shape.new, repeats=2, rows=t.shape.rows)
+                       for t in tallies)
             ratios.append(pe["pass_s"] / bare)
             steps.append(de["busy_s"] / de["decode_steps"])
     return float(np.median(ratios)), float(np.median(steps)), decode_capacity(cfg, models.get_config(model))

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from dualjax.core.report import load_ttft
+from dualjax.outputs import load_ttft
 from dualjax.plots import plot_compare
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("cluster", "{}"), ("requests", "{}"), ("JCT s", "{:.2f}"),

@@ -1,4 +1,5 @@
-"""Run outputs: `requests.jsonl` (one line per request), `report.json` (run metrics) and plots.
+"""Run metrics (report maths): per-request columns, latency statistics, storage-NIC balance, and
+the report.json dictionary built from them. Writing the files and plots is `dualjax.outputs`.
 
 Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT, tokens/s,
 TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
@@ -12,10 +13,10 @@ report from its own columns (`write_report`), and `requests.npz` instead of `req
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import numpy as np
+
+from dualjax.core.records import HostStats
 
 TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "done", "stored")
 
@@ -45,13 +46,13 @@ def normalise(records: list[dict]) -> list[dict]:
     return out
 
 
-def snic_balance(hosts: list[dict], window_s: float = 1.0, steady: bool = True) -> float | None:
+def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = True) -> float | None:
     """Mean over time windows of max/avg bytes read across storage NICs (1.0 = perfectly even).
 
     `steady`: only the windows from the first to the last in which every NIC read (the ramp-up
     and the tail, when there is not enough work left to keep every NIC busy, are left out);
     otherwise every window in which any NIC read."""
-    series = [h["snic_series"] for h in hosts if h.get("snic_series") is not None]
+    series = [h.snic.series for h in hosts if h.snic is not None]
     if not series or not any(series):
         return None
     end = max(s[-1][0] for s in series if s)
@@ -83,22 +84,18 @@ def columns(records: list[dict]) -> dict[str, np.ndarray]:
     return cols
 
 
-def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, slo: tuple[float, float]) -> dict:
+def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: str,
+              slo: tuple[float, float]) -> dict:
     """report.json's metrics from per-request columns (`columns`) and per-host stats."""
     jct = float(cols["done"].max() - cols["arrival"].min())
     gen, prompt, hit = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens"))
     tpot = cols["tpot"]
     per_host = []
     for h in hosts:
-        snic = h.get("snic", {})
-        per_host.append({"rank": h["rank"], "role": h["role"], "storage_bytes": snic.get("bytes_read", 0),
-                         "storage_busy_fraction": snic.get("busy_s", 0.0) / jct if jct else None,
-                         "kv_sent_bytes": h["transport_sent"].get("kv", 0), "busy_s": h.get("busy_s"),
-                         "buffer_peak_bytes": h.get("buffer_peak_bytes"),
-                         "bytes_written": h.get("store", {}).get("bytes_written", 0),
-                         **{k: h[k] for k in ("passes", "pass_s", "pass_predicted_s", "pass_shapes", "pack_fit", "decode_steps")
-                            if k in h}})
-    relay = sum(h["kv_sent_bytes"] for h in per_host if h["role"] == "decode")
+        entry = h.to_json()
+        entry["storage_busy_fraction"] = h.snic.busy_s / jct if h.snic is not None and jct else None
+        per_host.append(entry)
+    relay = sum(h.kv_sent_bytes for h in hosts if h.role == "decode")
     paths, counts = np.unique(cols["path"], return_counts=True)
     return {
         "config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
@@ -115,43 +112,3 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str, 
         "snic_max_over_avg_all_windows": snic_balance(hosts, steady=False),
         "hosts": per_host,
     }
-
-
-def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[dict], cfg, policy: str,
-                 slo: tuple[float, float], extra: dict | None = None) -> dict:
-    """report.json (plus `extra` keys) and the plots under `out_dir`; returns the report."""
-    os.makedirs(out_dir, exist_ok=True)
-    report = summarize(cols, hosts, cfg, policy, slo)
-    report.update(extra or {})
-    report["storage_series"] = {f"{h['role']}{h['rank']}": h["snic_series"] for h in hosts if h.get("snic_series")}
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    from dualjax.plots import plot_run
-    plot_run(out_dir, report, cols["ttft"])
-    return report
-
-
-def write_run(out_dir: str, records: list[dict], hosts: list[dict], cfg, policy: str,
-              slo: tuple[float, float] = (4.0, 0.050), extra: dict | None = None) -> dict:
-    """A real run's requests.jsonl, report.json (plus `extra` keys) and plots under `out_dir`;
-    returns the report."""
-    os.makedirs(out_dir, exist_ok=True)
-    t0 = min(r["arrival"] for r in records)
-    for h in hosts:  # storage series on the run's clock: seconds since the first arrival
-        if h.get("snic_series") is not None:
-            shift = h["snic"]["wall0"] - t0
-            h["snic_series"] = [(t + shift, b) for t, b in h["snic_series"] if t + shift >= 0] or [(0.0, 0)]
-    records = normalise(records)
-    with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    return write_report(out_dir, columns(records), hosts, cfg, policy, slo, extra)
-
-
-def load_ttft(run_dir: str) -> np.ndarray:
-    """Per-request TTFT of a run directory: from requests.jsonl, or a simulation's requests.npz."""
-    npz = os.path.join(run_dir, "requests.npz")
-    if os.path.exists(npz):
-        return np.load(npz)["ttft"]
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
-        return np.array([json.loads(line)["ttft"] for line in f], float)

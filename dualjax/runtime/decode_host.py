@@ -12,12 +12,14 @@ only after the request's blocks are in the store, so its next turn can hit them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import threading
 import time
 
 import numpy as np
 
+from dualjax.core.records import HostStats
 from dualjax.core.workload import load_workload, max_context
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
@@ -188,6 +190,6 @@ class DecodeHost(Host):
             times = dict(live.times, token_times=live.token_times, stored=time.time())
             self.transport.send(0, Complete(live.a.request.id, live.tokens, live.prefill.hit_blocks, times))
 
-    def stats(self) -> dict:
-        return {**super().stats(), "busy_s": self.busy_s, "decode_steps": self.steps,
-                "buffer_peak_bytes": self.buffer.peak}
+    def stats(self) -> HostStats:
+        return dataclasses.replace(super().stats(), busy_s=self.busy_s, decode_steps=self.steps,
+                                   buffer_peak_bytes=self.buffer.peak, buffer_budget_bytes=self.buffer.budget)

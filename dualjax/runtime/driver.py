@@ -18,13 +18,13 @@ from tqdm import tqdm
 
 from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, layerwise_for
+from dualjax.core.records import HostStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 from dualjax.core.workload import Agent
 from dualjax.runtime.messages import (
     Assign,
     Complete,
     EngineState,
-    HostStats,
     PrefillFinished,
     Request,
     Shutdown,
@@ -122,7 +122,7 @@ class Driver:
                     raise HostFailure(f"rank 0 got unexpected {type(msg).__name__}")
         return sorted(self.records.values(), key=lambda r: r["id"]), self._collect_stats()
 
-    def _collect_stats(self) -> list[dict]:
+    def _collect_stats(self) -> list[HostStats]:
         others = range(1, self.cfg.cluster.size)
         for r in others:
             self.transport.send(r, StatsRequest())
@@ -132,7 +132,7 @@ class Driver:
             if got is None:
                 raise HostFailure("hosts did not report their stats within 30 s")
             if isinstance(got[1], HostStats):
-                stats.append({"rank": got[1].rank, "role": got[1].role, **got[1].stats})
+                stats.append(got[1])
         for r in others:
             self.transport.send(r, Shutdown())
-        return sorted(stats, key=lambda s: s["rank"])
+        return sorted(stats, key=lambda s: s.rank)

@@ -14,7 +14,8 @@ import jax
 import kvstore
 import models
 from dualjax.core.config import RunConfig
-from dualjax.runtime.messages import EngineState, HostStats, Shutdown, StatsRequest
+from dualjax.core.records import HostStats, SnicStats, StoreStats
+from dualjax.runtime.messages import EngineState, Shutdown, StatsRequest
 from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.transport import HostFailure, Transport
 
@@ -103,7 +104,7 @@ class Host:
                 if isinstance(msg, Shutdown):
                     break
                 if isinstance(msg, StatsRequest):
-                    self.transport.send(src, HostStats(self.rank, self.role, self.stats()))
+                    self.transport.send(src, self.stats())
                     continue
                 self.handle(src, msg)
         except HostFailure:  # another host failed and already said why
@@ -118,13 +119,18 @@ class Host:
     def handle(self, src: int, msg) -> None:
         raise NotImplementedError
 
-    def stats(self) -> dict:
-        out = {"transport_sent": dict(self.transport.sent_bytes)}
+    def stats(self) -> HostStats:
+        """What this host reports at the end of the run (subclasses add their own fields)."""
+        sent = self.transport.sent_bytes
+        out = HostStats(self.rank, self.role, kv_sent_bytes=sent.get("kv", 0), control_sent_bytes=sent.get("control", 0))
         if self.snic:
-            out["snic"] = self.snic.stats()
-            out["snic_series"] = self.snic.series[:: max(1, len(self.snic.series) // 2000)]
+            s = self.snic.stats()
+            out.snic = SnicStats(s.get("bytes_read", 0), s["busy_s"], s["wall0"], s["cap_bytes_per_s"],
+                                 self.snic.series[:: max(1, len(self.snic.series) // 2000)])
         if self.store:
-            out["store"] = self.store.stats()
+            s = self.store.stats()
+            out.store = StoreStats(s.get("bytes_written", 0), s.get("blocks_written", 0),
+                                   {k: v for k, v in s.items() if isinstance(v, int) and not isinstance(v, bool)})
         return out
 
     def shutdown(self) -> None:

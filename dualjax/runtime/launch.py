@@ -18,7 +18,7 @@ import threading
 import models
 from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, get_policy
-from dualjax.core.report import write_run
+from dualjax.outputs import write_run
 from dualjax.core.workload import load_workload, slo_for
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver

@@ -87,13 +87,6 @@ class StatsRequest:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostStats:
-    rank: int
-    role: str
-    stats: dict
-
-
-@dataclasses.dataclass(frozen=True)
 class Shutdown:
     pass
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from dualjax.core.config import SimConfig
 from dualjax.core.policies import Policy, get_policy
-from dualjax.core.report import write_report
+from dualjax.outputs import write_report
 from dualjax.core.workload import get_workload, load_trajectories, slo_for, start_times, turn_lengths
 from dualjax.sim.engine import SimError, Simulation
 from dualjax.sim.profiles import Hardware, get_hardware, model_cost

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from dualjax.core.batching import pack
 from dualjax.core.config import SimConfig
 from dualjax.core.policies import Policy, get_policy, layerwise_for
+from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Costs, FifoLink, Node, SimError
@@ -398,18 +399,18 @@ class Simulation:
                 self._submit(agent)
 
     # -- results -----------------------------------------------------------------------------------
-    def host_stats(self) -> list[dict]:
-        """Per node, in the shape real hosts report (`dualjax.core.report.summarize`)."""
+    def host_stats(self) -> list[HostStats]:
+        """Per node, the record real hosts report (`dualjax.core.records.HostStats`)."""
         out = []
         for node in self.nodes:
             engines = [e for e in self.engines.values() if e.node is node]
             cum = np.concatenate([[0.0], np.cumsum(node.series)])
             series = [(k * node.window, float(b)) for k, b in enumerate(cum)]
-            out.append({"rank": node.id, "role": node.role,
-                        "snic": {"bytes_read": node.snic.bytes, "busy_s": node.snic.busy_s},
-                        "snic_series": series, "transport_sent": {"kv": node.relay_bytes},
-                        "busy_s": sum(e.busy_s for e in engines) / len(engines),
-                        "buffer_peak_bytes": node.buffer.peak, "store": {"bytes_written": node.write_bytes}})
+            out.append(HostStats(node.id, node.role, kv_sent_bytes=node.relay_bytes,
+                                 busy_s=sum(e.busy_s for e in engines) / len(engines),
+                                 buffer_peak_bytes=node.buffer.peak,
+                                 snic=SnicStats(node.snic.bytes, node.snic.busy_s, series=series),
+                                 store=StoreStats(bytes_written=node.write_bytes)))
         return out
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -48,11 +48,11 @@ def test_chunked_prefill_gives_the_reference_tokens(tmp_path, reference):
     report, tokens = _run(tmp_path, "chunked", policy="de-only", prefill_chunk=48)  # 150-token first turns: 4 chunks
     assert tokens == reference
     pe = next(h for h in report["hosts"] if h["role"] == "prefill")
-    shapes = {tuple(map(int, k.split("x"))): v for k, v in pe["pass_shapes"].items()}  # rows x new x prefix
-    assert sum(n for n, _ in shapes.values()) == pe["passes"]
+    shapes = pe["pass_shapes"]  # [{rows, new, prefix, passes, seconds}] by padded shape
+    assert sum(t["passes"] for t in shapes) == pe["passes"]
     # 48-token chunks, padded to the smallest bucket, first over no prefix, then over one
-    assert {new for _, new, _ in shapes} == {256} and {0, 512} <= {prefix for *_, prefix in shapes}
-    assert sum(s for _, s in shapes.values()) == pytest.approx(pe["pass_s"])
+    assert {t["new"] for t in shapes} == {256} and {0, 512} <= {t["prefix"] for t in shapes}
+    assert sum(t["seconds"] for t in shapes) == pytest.approx(pe["pass_s"])
 
 
 def test_requests_that_do_not_fit_the_buffers_wait_and_are_not_dropped(tmp_path, reference):

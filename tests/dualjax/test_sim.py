@@ -49,8 +49,8 @@ def test_layerwise_overlaps_the_load_by_hand():
 def test_de_path_reads_on_the_decode_node():
     sim = toy("de-only")
     hosts = sim.host_stats()
-    assert [h["snic"]["bytes_read"] for h in hosts] == [0, 64_000]
-    assert hosts[1]["transport_sent"]["kv"] == 64_000  # relayed to the PE
+    assert [h.snic.bytes_read for h in hosts] == [0, 64_000]
+    assert hosts[1].kv_sent_bytes == 64_000  # relayed to the PE
 
 
 def test_pass_table_lookups():
@@ -185,9 +185,13 @@ def test_a_request_that_fits_no_engine_is_reported():
 
 
 def test_storage_balance_over_the_steady_state():
+    from dualjax.core.records import HostStats, SnicStats
     from dualjax.core.report import snic_balance
-    a = {"snic_series": [(0, 0), (1, 10), (2, 20), (3, 30), (4, 40)]}  # 10 bytes in each of 4 windows
-    b = {"snic_series": [(0, 0), (1, 0), (2, 10), (3, 20), (4, 20)]}  # idle in the first and the last
+
+    def host(series):
+        return HostStats(0, "prefill", snic=SnicStats(series=series))
+    a = host([(0, 0), (1, 10), (2, 20), (3, 30), (4, 40)])  # 10 bytes in each of 4 windows
+    b = host([(0, 0), (1, 0), (2, 10), (3, 20), (4, 20)])  # idle in the first and the last
     assert snic_balance([a, b]) == pytest.approx(1.0)  # windows 1-2: both read 10
     assert snic_balance([a, b], steady=False) == pytest.approx((2 + 1 + 1 + 2) / 4)
-    assert snic_balance([a, {"snic_series": [(0, 0), (4, 0)]}]) == pytest.approx(2.0)  # one NIC never reads
+    assert snic_balance([a, host([(0, 0), (4, 0)])]) == pytest.approx(2.0)  # one NIC never reads

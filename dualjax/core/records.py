@@ -1,0 +1,93 @@
+"""Typed records that cross module boundaries: what a host reports at the end of a run, a prefill
+pass's padded shape, and their JSON forms in `report.json`.
+
+Hosts (real or simulated) build a `HostStats`; the report (`dualjax.core.report`), calibration and
+the benchmarks read its fields by name. `to_json` gives the plain-dict form written to report.json,
+and `from_json` reads it back (e.g. `dualjax calibrate` reading a run's PE passes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class PassShape:
+    """The padded shape a prefill pass computes: rows, padded new tokens, padded prefix tokens."""
+
+    rows: int
+    new: int
+    prefix: int
+
+
+@dataclasses.dataclass
+class PassTally:
+    """Passes of one padded shape on one PE, and the seconds they took."""
+
+    shape: PassShape
+    passes: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self.shape), "passes": self.passes, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, d: dict) -> PassTally:
+        return cls(PassShape(d["rows"], d["new"], d["prefix"]), d["passes"], d["seconds"])
+
+
+@dataclasses.dataclass
+class SnicStats:
+    """A host's storage NIC: bytes it read, seconds it was busy, when its clock started (wall time)."""
+
+    bytes_read: int = 0
+    busy_s: float = 0.0
+    wall0: float = 0.0
+    cap_bytes_per_s: float | None = None
+    series: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (s, cumulative bytes)
+
+
+@dataclasses.dataclass
+class StoreStats:
+    """What a host's view of the KV store saw."""
+
+    bytes_written: int = 0
+    blocks_written: int = 0
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)  # misses, bad blocks, evictions, ...
+
+
+@dataclasses.dataclass
+class HostStats:
+    """One host's (or simulated node's) end-of-run statistics."""
+
+    rank: int
+    role: str  # "prefill" | "decode"
+    kv_sent_bytes: int = 0  # KV this host sent (relays from a DE; layer KV from a PE)
+    control_sent_bytes: int = 0
+    busy_s: float | None = None
+    buffer_peak_bytes: int | None = None
+    buffer_budget_bytes: int | None = None
+    snic: SnicStats | None = None
+    store: StoreStats | None = None
+    passes: int | None = None  # PE only
+    pass_s: float | None = None
+    pass_predicted_s: float | None = None
+    pass_shapes: list[PassTally] | None = None
+    pack_fit: tuple[float, ...] | None = None
+    decode_steps: int | None = None  # DE only
+
+    def to_json(self) -> dict:
+        """The host's entry in report.json (None fields left out; the storage series is reported apart)."""
+        out = {"rank": self.rank, "role": self.role, "kv_sent_bytes": self.kv_sent_bytes,
+               "control_sent_bytes": self.control_sent_bytes,
+               "storage_bytes": self.snic.bytes_read if self.snic else 0,
+               "bytes_written": self.store.bytes_written if self.store else 0}
+        if self.store is not None and self.store.counters:
+            out["store"] = dict(self.store.counters)
+        for f in ("busy_s", "buffer_peak_bytes", "buffer_budget_bytes", "passes", "pass_s", "pass_predicted_s",
+                  "pack_fit", "decode_steps"):
+            if getattr(self, f) is not None:
+                out[f] = getattr(self, f)
+        if self.pass_shapes is not None:
+            out["pass_shapes"] = [t.to_json() for t in sorted(self.pass_shapes, key=lambda t: t.shape)]
+        return out

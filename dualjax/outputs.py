@@ -1,0 +1,59 @@
+"""Run outputs: `requests.jsonl` (one line per request), `report.json` (run metrics, from
+`dualjax.core.report`) and the plots, for real runs and simulations alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from dualjax.core.records import HostStats
+from dualjax.core.report import columns, normalise, summarize
+from dualjax.plots import plot_run
+
+
+def _on_run_clock(h: HostStats, t0: float) -> HostStats:
+    """A copy of `h` whose storage series counts seconds since the run's first arrival `t0`."""
+    if h.snic is None:
+        return h
+    shift = h.snic.wall0 - t0
+    series = [(t + shift, b) for t, b in h.snic.series if t + shift >= 0] or [(0.0, 0)]
+    return dataclasses.replace(h, snic=dataclasses.replace(h.snic, series=series))
+
+
+def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: str,
+                 slo: tuple[float, float], extra: dict | None = None) -> dict:
+    """report.json (plus `extra` keys) and the plots under `out_dir`; returns the report."""
+    os.makedirs(out_dir, exist_ok=True)
+    report = summarize(cols, hosts, cfg, policy, slo)
+    report.update(extra or {})
+    report["storage_series"] = {f"{h.role}{h.rank}": h.snic.series for h in hosts if h.snic is not None}
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    plot_run(out_dir, report, cols["ttft"])
+    return report
+
+
+def write_run(out_dir: str, records: list[dict], hosts: list[HostStats], cfg, policy: str,
+              slo: tuple[float, float] = (4.0, 0.050), extra: dict | None = None) -> dict:
+    """A real run's requests.jsonl, report.json (plus `extra` keys) and plots under `out_dir`;
+    returns the report. Does not modify `records` or `hosts`."""
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = min(r["arrival"] for r in records)
+    hosts = [_on_run_clock(h, t0) for h in hosts]
+    records = normalise(records)
+    with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return write_report(out_dir, columns(records), hosts, cfg, policy, slo, extra)
+
+
+def load_ttft(run_dir: str) -> np.ndarray:
+    """Per-request TTFT of a run directory: from requests.jsonl, or a simulation's requests.npz."""
+    npz = os.path.join(run_dir, "requests.npz")
+    if os.path.exists(npz):
+        return np.load(npz)["ttft"]
+    with open(os.path.join(run_dir, "requests.jsonl")) as f:
+        return np.array([json.loads(line)["ttft"] for line in f], float)
