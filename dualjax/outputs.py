@@ -14,6 +14,10 @@ from dualjax.core.report import columns, normalise, summarize
 from dualjax.plots import plot_run
 
 
+class OutputError(FileNotFoundError):
+    """A directory that holds no run outputs."""
+
+
 def _on_run_clock(h: HostStats, t0: float) -> HostStats:
     """A copy of `h` whose storage series counts seconds since the run's first arrival `t0`."""
     if h.snic is None:
@@ -57,3 +61,12 @@ def load_ttft(run_dir: str) -> np.ndarray:
         return np.load(npz)["ttft"]
     with open(os.path.join(run_dir, "requests.jsonl")) as f:
         return np.array([json.loads(line)["ttft"] for line in f], float)
+
+
+def load_run(run_dir: str) -> tuple[dict, np.ndarray]:
+    """(report, per-request TTFT) of a run's or a simulation's --out directory."""
+    report_path = os.path.join(run_dir, "report.json")
+    if not os.path.exists(report_path):
+        raise OutputError(f"{run_dir}: no report.json (is it a run's --out directory?)")
+    with open(report_path) as f:
+        return json.load(f), load_ttft(run_dir)

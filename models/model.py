@@ -171,5 +171,5 @@ def reference_logits(params: Params, cfg: ModelConfig, tokens) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _forward_jit(params, cfg, tokens, prefix_kv, prefix_len):
+def forward_jit(params, cfg, tokens, prefix_kv, prefix_len):
     return forward(params, cfg, tokens, prefix_kv, prefix_len)

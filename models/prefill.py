@@ -16,7 +16,7 @@ import numpy as np
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.config import ModelConfig
-from models.model import _forward_jit, embed, forward_layer, head
+from models.model import forward_jit, embed, forward_layer, head
 from models.params import Params
 
 
@@ -77,7 +77,7 @@ def prefill(params: Params, cfg: ModelConfig, tokens, prefix_kv=None, prefix_len
     B, T = tokens.shape
     prefix_kv, lengths = check_prefix(prefix_kv, prefix_len, cfg, B, T, cfg.n_layers)
     Tb, Sb = buckets.new(T), buckets.prefix(int(lengths.max(initial=0)))
-    logits, kv = _forward_jit(params, cfg, _pad(jnp.asarray(tokens), 1, Tb),
+    logits, kv = forward_jit(params, cfg, _pad(jnp.asarray(tokens), 1, Tb),
                               _pad(jnp.asarray(prefix_kv)[:, :, :Sb], 2, Sb), jnp.asarray(lengths))
     return logits[:, :T], kv[:, :, :T]
 
@@ -140,5 +140,5 @@ class Layerwise:
 
 def compile_counts() -> dict[str, int]:
     """Programs compiled so far per jitted entry point (shape buckets keep these small)."""
-    return {"prefill": _forward_jit._cache_size(), "layer": _layer_jit._cache_size(),
+    return {"prefill": forward_jit._cache_size(), "layer": _layer_jit._cache_size(),
             "embed": _embed_jit._cache_size(), "head": _head_jit._cache_size()}

@@ -20,8 +20,8 @@ import shutil
 import time
 
 from dualjax.bench.common import emit, parser
-from dualjax.cli.report import load
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.outputs import load_run
 from dualjax.plots import plot_compare
 from dualjax.runtime.launch import run_embedded
 
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     theory = {c: (ClusterSpec.parse(c).prefill + ClusterSpec.parse(c).decode) / ClusterSpec.parse(c).prefill
               for c in speedup}
     figure = os.path.join(args.out, "jct_per_policy.png")
-    plot_compare(figure, [(os.path.basename(d), *load(d)) for d in reports])
+    plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in reports])
     result = {
         "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick,
         "cap_mbps": cap / 1e6,

@@ -31,9 +31,9 @@ from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.startup import (
-    _params,
-    _prefill_seconds,
     attention_fit,
+    params_for,
+    prefill_seconds,
     prefill_tokens_per_s,
     store_read_bytes_per_s,
 )
@@ -53,7 +53,7 @@ def pass_table(model: str, max_new: int, max_prefix: int, repeats: int = 2) -> l
     b = DEFAULT_BUCKETS
     news = [t for t in (b.min_new << k for k in range(16)) if t <= b.new(max_new)]
     prefixes = [0] + [s for s in (b.min_prefix << k for k in range(16)) if s <= b.prefix(max_prefix)]
-    return [(rows, t, s, _prefill_seconds(model, s, t, repeats=repeats, rows=rows))
+    return [(rows, t, s, prefill_seconds(model, s, t, repeats=repeats, rows=rows))
             for t in news for s in prefixes for rows in (1, 2, 4) if rows == 1 or rows * t <= 1024]
 
 
@@ -69,7 +69,7 @@ def workload_extent(workload: str, prefill_chunk: int = 2048) -> tuple[int, int]
 def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     """(d0, d1): a decode step over `slots` slots of capacity C takes d0 + d1 * C seconds."""
     cfg = models.get_config(model)
-    params = _params(model)
+    params = params_for(model)
     xs, ys = [], []
     for cap in CAPACITIES:
         if cap > cfg.max_seq_len:
@@ -97,7 +97,7 @@ def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tu
     import threading
 
     cfg = models.get_config(model)
-    params = _params(model)
+    params = params_for(model)
 
     def decoder():
         cache, tokens = models.DecodeCache(cfg, slots, 2048), np.zeros(slots, np.int32)
@@ -127,7 +127,7 @@ def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tu
                 w.join()
 
     steps = [decoder() for _ in range(1 + (others + 1) // 2)]  # each thread its own cache
-    prefill = lambda: _prefill_seconds(model, 1024, 64, repeats=1)  # noqa: E731
+    prefill = lambda: prefill_seconds(model, 1024, 64, repeats=1)  # noqa: E731
     prefill()
     beside_pass = [steps[1 + k // 2] if k % 2 == 0 else prefill for k in range(others)]
     beside_step = [prefill if k % 2 == 0 else steps[1 + k // 2] for k in range(others)]
@@ -166,7 +166,7 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
         if attempt:
             pe, de = hosts["prefill"], hosts["decode"]
             tallies = [PassTally.from_json(t) for t in pe["pass_shapes"]]
-            bare = sum(t.passes * _prefill_seconds(model, t.shape.prefix, t.shape.new, repeats=2, rows=t.shape.rows)
+            bare = sum(t.passes * prefill_seconds(model, t.shape.prefix, t.shape.new, repeats=2, rows=t.shape.rows)
                        for t in tallies)
             ratios.append(pe["pass_s"] / bare)
             steps.append(de["busy_s"] / de["decode_steps"])

@@ -32,13 +32,14 @@ def user_errors() -> tuple[type[Exception], ...]:
     from dualjax.core.planner import HardwareError
     from dualjax.core.policies import PolicyError
     from dualjax.core.workload import WorkloadError
+    from dualjax.outputs import OutputError
     from dualjax.sim.profiles import ProfileError
     from dualjax.sim.resources import SimError
     from kvstore import StoreError
     from models.checkpoint import CheckpointError
     from models.config import ModelConfigError
     return (ConfigError, HardwareError, PolicyError, WorkloadError, ProfileError, SimError, StoreError,
-            CheckpointError, ModelConfigError)
+            CheckpointError, ModelConfigError, OutputError)
 
 
 def cmd_run(args) -> int:

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-import numpy as np
-
-from dualjax.outputs import load_ttft
+from dualjax.outputs import load_run
 from dualjax.plots import plot_compare
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("cluster", "{}"), ("requests", "{}"), ("JCT s", "{:.2f}"),
            ("tok/s", "{:.1f}"), ("hit", "{:.0%}"), ("TTFT p50", "{:.2f}"), ("TTFT p99", "{:.2f}"),
            ("TPOT p50", "{:.3f}"), ("SLO", "{:.0%}"), ("SNIC max/avg", "{}"), ("relay MB", "{:.1f}"))
-
-
-def load(run_dir: str) -> tuple[dict, np.ndarray]:
-    """(report, per-request TTFT) of a run's or a simulation's --out directory."""
-    report_path = os.path.join(run_dir, "report.json")
-    if not os.path.exists(report_path):
-        raise FileNotFoundError(f"{run_dir}: no report.json (is it a run's --out directory?)")
-    with open(report_path) as f:
-        return json.load(f), load_ttft(run_dir)
 
 
 def row(name: str, r: dict) -> list[str]:
@@ -34,7 +22,7 @@ def row(name: str, r: dict) -> list[str]:
 
 
 def main(args) -> int:
-    runs = [(os.path.basename(os.path.normpath(d)), *load(d)) for d in args.dirs]
+    runs = [(os.path.basename(os.path.normpath(d)), *load_run(d)) for d in args.dirs]
     rows = [[c for c, _ in COLUMNS]] + [row(name, r) for name, r, _ in runs]
     widths = [max(len(x[i]) for x in rows) for i in range(len(COLUMNS))]
     for x in rows:
