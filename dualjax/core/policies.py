@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-import numpy as np
+from dualjax.core.streams import stream
 
 
 class Policy:
@@ -77,7 +77,7 @@ class Random(Policy):
         self.seed = seed
 
     def path(self, request, pe, de) -> str:
-        return "pe" if np.random.default_rng([self.seed, request.agent, request.turn]).random() < 0.5 else "de"
+        return "pe" if stream("random-policy", self.seed, request.agent, request.turn).random() < 0.5 else "de"
 
 
 class DualPath(Policy):

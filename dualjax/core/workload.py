@@ -19,6 +19,8 @@ import json
 
 import numpy as np
 
+from dualjax.core.streams import stream
+
 
 class WorkloadError(ValueError):
     """A bad workload: unknown preset, bad trajectory or trace line, bad arrival rate."""
@@ -77,7 +79,7 @@ class Turn:
 def turn_lengths(spec: WorkloadSpec, agent: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(appended tokens, generated tokens) per turn of one agent: the lengths alone, which is all
     the simulator needs; `trajectory` draws its token ids around exactly these lengths."""
-    rng = np.random.default_rng([seed, agent])
+    rng = stream("turn-lengths", seed, agent)
     if spec.spread == 0:
         append, gen = np.full(spec.turns, spec.append), np.full(spec.turns, spec.gen)
     else:
@@ -91,7 +93,7 @@ def turn_lengths(spec: WorkloadSpec, agent: int, seed: int = 0) -> tuple[np.ndar
 def trajectory(spec: WorkloadSpec, agent: int, vocab: int, seed: int = 0) -> list[Turn]:
     """The turns of one agent: appended token ids and generation lengths."""
     append, gen = turn_lengths(spec, agent, seed)
-    rng = np.random.default_rng([seed, agent, 1])
+    rng = stream("turn-tokens", seed, agent)
     return [Turn(rng.integers(0, vocab, int(n), dtype=np.int32), int(g)) for n, g in zip(append, gen)]
 
 
@@ -108,7 +110,7 @@ def start_times(agents: int, seed: int = 0, aps: float | None = None) -> np.ndar
         return np.zeros(agents)
     if aps <= 0:
         raise WorkloadError(f"--aps must be positive, got {aps}")
-    return np.cumsum(np.random.default_rng([seed, 7]).exponential(1.0 / aps, agents))
+    return np.cumsum(stream("arrivals", seed).exponential(1.0 / aps, agents))
 
 
 def agents_for(spec: WorkloadSpec, vocab: int, seed: int = 0, aps: float | None = None) -> list[Agent]:
@@ -131,7 +133,7 @@ def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
             if not line.strip():
                 continue
             try:
-                agents.append(_agent_from_json(json.loads(line), vocab, np.random.default_rng([seed, n])))
+                agents.append(_agent_from_json(json.loads(line), vocab, stream("trajectory-file", seed, n)))
             except (ValueError, KeyError, TypeError) as e:
                 raise WorkloadError(f"{path}:{n}: {e}") from None
     if not agents:
@@ -190,12 +192,12 @@ def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: 
                 raise WorkloadError(f"{path}:{n}: not a Mooncake trace record: {e}") from None
     ticks = sorted({t for t, *_ in rows})
     tick = min(np.diff(ticks)) if len(ticks) > 1 else 0.0
-    rng = np.random.default_rng(seed)
+    rng = stream("trace-jitter", seed)
     block = max(1, int(round(MOONCAKE_BLOCK * length_scale)))
     agents = []
     for t, n_in, n_out, hashes in rows:
         last = n_in - MOONCAKE_BLOCK * (len(hashes) - 1)
-        ids = [np.random.default_rng([seed, h]).integers(0, vocab, block) for h in hashes]
+        ids = [stream("trace-blocks", seed, h).integers(0, vocab, block) for h in hashes]
         ids[-1] = ids[-1][:max(1, int(round(last * length_scale)))]
         start = (t + rng.uniform(0, tick)) * time_scale
         agents.append(Agent(start, [Turn(np.concatenate(ids).astype(np.int32),

@@ -20,6 +20,7 @@ from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, layerwise_for
 from dualjax.core.records import HostStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.streams import stream
 from dualjax.core.workload import Agent
 from dualjax.runtime.messages import (
     Assign,
@@ -85,7 +86,7 @@ class Driver:
         self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])
         if turn + 1 < len(self.agents[agent].turns):
             think = self.agents[agent].think_s
-            pause = np.random.default_rng([self.cfg.workload_seed, agent, turn]).exponential(think) if think else 0.0
+            pause = stream("think-time", self.cfg.workload_seed, agent, turn).exponential(think) if think else 0.0
             heapq.heappush(self.timers, (time.time() + pause, agent, turn + 1))
         return rec
 

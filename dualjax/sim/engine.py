@@ -38,6 +38,7 @@ from dualjax.core.config import SimConfig
 from dualjax.core.policies import Policy, get_policy, layerwise_for
 from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.streams import stream
 from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Costs, FifoLink, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
@@ -136,7 +137,7 @@ class Simulation:
         self.seq = 0
         self.now = 0.0
         self.events_done = 0
-        self.rng = np.random.default_rng([cfg.workload_seed, 11])
+        self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
         self.shared = bool(hw.contention or hw.decode_contention)
