@@ -7,6 +7,8 @@ without JAX, so the simulator can use them; everything else loads JAX on first u
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.config import PRESETS, ModelConfig, get_config
@@ -30,3 +32,15 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(f"models.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """`models.prefill` names both a submodule and its function: importing the submodule sets the
+    package's attribute to the module, which would hide the function; keep the function."""
+
+    def __setattr__(self, name, value):
+        if not (name in _LAZY and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
