@@ -5,5 +5,5 @@ from kvstore.layout import BlockLayout
 from kvstore.snic import ReadTicket, StorageNIC
 from kvstore.store import MANIFEST, BlockStore, FingerprintMismatch, StoreError, local_spec
 
-__all__ = ["ROOT", "BlockId", "block_chain", "check_hash", "hash_block", "BlockLayout", "ReadTicket", "StorageNIC", "MANIFEST",
-           "BlockStore", "FingerprintMismatch", "StoreError", "local_spec"]
+__all__ = ["ROOT", "BlockId", "block_chain", "check_hash", "hash_block", "BlockLayout", "ReadTicket", "StorageNIC",
+           "MANIFEST", "BlockStore", "FingerprintMismatch", "StoreError", "local_spec"]

@@ -1,9 +1,14 @@
-"""Block layout and store fingerprint.
+"""Block layout and store fingerprint, for any per-token cache record.
 
-A **Full Block** is `[L, T, 2, K, H]` (layer outermost): all layers' K and V of T tokens. A
-**Layer Block** `[T, 2, K, H]` is `full[l]`, a contiguous slice, so L Layer Blocks concatenate
-into a Full Block with no conversion. The fingerprint covers everything that changes a block's
-bytes or name; a store refuses to open under another fingerprint.
+A cache **record** is what one token leaves in one layer's cache, `record_shape` values of one
+dtype (K and V per head for grouped-query attention; a latent, a RoPE key and indexer keys for
+MLA; bytes for a packed FP8-plus-scales record). The store does not know which: the caller
+names the format in `format`, and that string enters the fingerprint.
+
+A **Full Block** is `[L, T, *record_shape]` (layer outermost): all layers' records of T tokens.
+A **Layer Block** `[T, *record_shape]` is `full[l]`, a contiguous slice, so L Layer Blocks
+concatenate into a Full Block with no conversion. The fingerprint covers everything that
+changes a block's bytes or name; a store refuses to open under another fingerprint.
 """
 
 from __future__ import annotations
@@ -12,70 +17,91 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 
 import ml_dtypes
 import numpy as np
 
-_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-           "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+@functools.cache
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype called `name` ("float32", "bfloat16", "float8_e4m3fn", "uint8", ...)."""
+    try:
+        dt = np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "biufV" or dt.name != name:
+        raise ValueError(f"BlockLayout: dtype {name!r} is not a numeric NumPy or ml_dtypes type name")
+    return dt
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BlockLayout:
-    model: str
     n_layers: int  # L
-    n_kv_heads: int  # K
-    head_dim: int  # H
+    record_shape: tuple[int, ...]  # one token's cache record in one layer
     dtype: str = "float32"
+    format: str = ""  # the caller's name for the record format (e.g. "gqa:2x2x16:float32 model=tiny")
     block_tokens: int = 64  # T
     hash_seed: int = 0
 
     def __post_init__(self):
-        for f in ("n_layers", "n_kv_heads", "head_dim", "block_tokens"):
+        object.__setattr__(self, "record_shape", tuple(int(d) for d in self.record_shape))
+        for f in ("n_layers", "block_tokens"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"BlockLayout: {f} must be positive, got {getattr(self, f)}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"BlockLayout: dtype {self.dtype!r} not in {sorted(_DTYPES)}")
+        if not self.record_shape or min(self.record_shape) <= 0:
+            raise ValueError(f"BlockLayout: record_shape must be non-empty and positive, got {self.record_shape}")
+        np_dtype(self.dtype)
 
     @property
     def np_dtype(self) -> np.dtype:
-        return _DTYPES[self.dtype]
+        return np_dtype(self.dtype)
 
     @property
-    def full_shape(self) -> tuple[int, int, int, int, int]:
-        return (self.n_layers, self.block_tokens, 2, self.n_kv_heads, self.head_dim)
+    def full_shape(self) -> tuple[int, ...]:
+        return (self.n_layers, self.block_tokens, *self.record_shape)
 
     @property
-    def layer_shape(self) -> tuple[int, int, int, int]:
-        return self.full_shape[1:]
+    def layer_shape(self) -> tuple[int, ...]:
+        return (self.block_tokens, *self.record_shape)
 
     @property
-    def block_bytes(self) -> int:
-        return int(np.prod(self.full_shape)) * self.np_dtype.itemsize
+    def record_bytes(self) -> int:
+        return math.prod(self.record_shape) * self.np_dtype.itemsize
 
     @property
     def layer_bytes(self) -> int:
-        return self.block_bytes // self.n_layers
+        return self.block_tokens * self.record_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.n_layers * self.layer_bytes
 
     def fingerprint(self) -> str:
         """32 hex digits over every field (stable across processes, runs and machines)."""
         return _fingerprint(self)
 
+    def describe(self) -> str:
+        """One line naming the format and shape, for messages."""
+        return f"{self.format or 'unnamed format'} [L, T, *record] = {list(self.full_shape)} {self.dtype}"
+
     def check_block(self, block: np.ndarray, what: str = "block") -> None:
         """Raise ValueError unless `block` is one Full Block of this layout."""
         if tuple(block.shape) != self.full_shape or block.dtype != self.np_dtype:
             raise ValueError(f"{what} has shape {tuple(block.shape)} dtype {block.dtype}; this store holds Full "
-                             f"Blocks [L, T, 2, K, H] = {self.full_shape} of {self.dtype}")
+                             f"Blocks [L, T, *record] = {self.full_shape} of {self.dtype}")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["record_shape"] = list(self.record_shape)
+        return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "BlockLayout":
-        return cls(**d)
+    def from_json(cls, d: dict) -> BlockLayout:
+        return cls(**{**d, "record_shape": tuple(d["record_shape"])})
 
 
 @functools.lru_cache(maxsize=None)
 def _fingerprint(layout: BlockLayout) -> str:
-    canon = json.dumps(dataclasses.asdict(layout), sort_keys=True).encode()
+    canon = json.dumps(layout.to_json(), sort_keys=True).encode()
     return hashlib.sha256(canon).hexdigest()[:32]

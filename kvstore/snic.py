@@ -75,7 +75,8 @@ class StorageNIC:
                  batch_bytes: int = 1 << 20, clock=time.monotonic):
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
-        self.name, self.cap, self.window, self.batch_bytes, self.clock = name, cap_bytes_per_s, window, batch_bytes, clock
+        self.name, self.cap, self.window, self.batch_bytes = name, cap_bytes_per_s, window, batch_bytes
+        self.clock = clock
         self._link_free = 0.0  # when the emulated link has delivered everything issued so far
         self._pending: collections.deque[ReadTicket | None] = collections.deque()
         self._cond = threading.Condition()
@@ -91,10 +92,11 @@ class StorageNIC:
 
     def read(self, store: BlockStore, hashes: list[str], out: np.ndarray | None = None, layer_major: bool = False,
              tokens_per_block: int | None = None) -> ReadTicket:
-        """Queue a read of `hashes` into `out` [n, L, T, 2, K, H] (allocated when None)."""
+        """Queue a read of `hashes` into `out` [n, L, T, *record] (allocated when None)."""
         if out is None:
             out = np.empty((len(hashes), *store.layout.full_shape), store.layout.np_dtype)
-        ticket = ReadTicket(store, hashes, out, layer_major, len(hashes) * (tokens_per_block or store.layout.block_tokens))
+        tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
+        ticket = ReadTicket(store, hashes, out, layer_major, tokens)
         with self._cond:
             if self._busy_since is None:
                 self._busy_since = self.clock()

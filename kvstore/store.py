@@ -4,7 +4,7 @@ On-disk format, under one TensorStore kvstore (a local directory by default, `me
 tests, any TensorStore kvstore by changing the spec):
 
 * `dualjax_store.json`: format, layout and fingerprint (a store refuses another fingerprint);
-* `data/`: a zarr3 array `[slots, L, T, 2, K, H]`, one shard (one file) per Full Block whose
+* `data/`: a zarr3 array `[slots, L, T, *record]`, one shard (one file) per Full Block whose
   inner chunks are its Layer Blocks, so a read can fetch whole blocks or only some layers
   (layer-major loading for layerwise prefill) as byte ranges; TensorStore reads straight into
   the caller's host buffer;
@@ -62,6 +62,13 @@ def _zarr_metadata(layout: BlockLayout) -> dict:
             "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
 
 
+def _describe(layout_json) -> str:
+    try:
+        return BlockLayout.from_json(layout_json).describe()
+    except (TypeError, ValueError, KeyError):
+        return f"unreadable layout {layout_json!r}"
+
+
 def _layer_sums(block: np.ndarray) -> np.ndarray:
     return np.array([xxhash.xxh3_64_intdigest(layer) for layer in block], "<u8")
 
@@ -99,8 +106,8 @@ class BlockStore:
         self._open_manifest()
         self.index_kv = ts.KvStore.open(_sub(base, "index/"), context=self.context).result()
         self.array = ts.open({"driver": "zarr3", "kvstore": _sub(base, "data/"), "fill_missing_data_reads": False,
-                              "store_data_equal_to_fill_value": True, "metadata": _zarr_metadata(layout)}, create=True, open=True,
-                             context=self.context).result()
+                              "store_data_equal_to_fill_value": True, "metadata": _zarr_metadata(layout)},
+                             create=True, open=True, context=self.context).result()
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) seen here
         self._lru: collections.OrderedDict[str, None] = collections.OrderedDict(
@@ -119,7 +126,8 @@ class BlockStore:
             stray = self.kv.list().result()
             if stray:
                 raise StoreError(f"{self.kv.spec().to_json()} is not a dualjax store (no {MANIFEST}, but it holds "
-                                 f"{len(stray)} keys, e.g. {stray[0]!r}); point --store at an empty or dualjax directory")
+                                 f"{len(stray)} keys, e.g. {stray[0]!r}); point --store at an empty or dualjax "
+                                 "directory")
             self.kv.write(MANIFEST, json.dumps(want, indent=1)).result()
             return
         try:
@@ -129,8 +137,9 @@ class BlockStore:
             raise StoreError(f"{MANIFEST} is not a dualjax store manifest") from None
         if theirs != want["fingerprint"]:
             raise FingerprintMismatch(
-                f"store fingerprint {theirs} ({manifest.get('layout')}) does not match this run's {want['fingerprint']} "
-                f"({want['layout']}); use another store directory or the store's model and layout")
+                f"store fingerprint {theirs} (format {_describe(manifest.get('layout'))}) does not match this run's "
+                f"{want['fingerprint']} (format {self.layout.describe()}); use another store directory, or the "
+                f"store's model, weights and layout")
 
     # -- writing -------------------------------------------------------------------------------
     def _next_slot(self) -> int:
@@ -141,7 +150,7 @@ class BlockStore:
             return (self._writer << _SLOT_BITS) | (self._counter - 1)
 
     def put(self, ids: list[BlockId], blocks) -> int:
-        """Store Full Blocks `blocks` [n, L, T, 2, K, H] named by `ids`; returns how many were new.
+        """Store Full Blocks `blocks` [n, L, T, *record] named by `ids`; returns how many were new.
 
         Blocks already present are skipped (putting twice is harmless). Raises ValueError for a
         misshaped block or an id whose hash does not match its parent and tokens, StoreError when
@@ -252,7 +261,7 @@ class BlockStore:
                 del self._pins[h]
 
     def get(self, hashes: list[str], out: np.ndarray | None = None, layers: range | None = None) -> list["BlockRead"]:
-        """Start reading blocks into `out` [n, L, T, 2, K, H] (allocated when None); TensorStore
+        """Start reading blocks into `out` [n, L, T, *record] (allocated when None); TensorStore
         copies each block (or only `layers` of it) straight into its row. Returns one
         `BlockRead` per hash, whose `result()` is that row, checked, or None (missing, corrupt or
         truncated). Blocks being read are pinned against eviction until `result()`."""

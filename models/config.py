@@ -66,6 +66,20 @@ class ModelConfig:
     def q_per_kv(self) -> int:
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def kv_record_shape(self) -> tuple[int, ...]:
+        """One token's cache record in one layer: K and V of each kv head, [2, K, H]."""
+        return (2, self.n_kv_heads, self.head_dim)
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def kv_format(self) -> str:
+        """Names the cache record format for the KV store's fingerprint."""
+        return f"gqa:2x{self.n_kv_heads}x{self.head_dim}:{self.kv_dtype}"
+
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 

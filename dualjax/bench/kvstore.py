@@ -69,9 +69,9 @@ def _raw_write(path, data: np.ndarray) -> float:
 
 def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> dict:
     """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up)."""
-    with kv.BlockStore(kv.local_spec(os.path.join(workdir, f"read-{layout.model}")), layout) as store:
+    with kv.BlockStore(kv.local_spec(os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")), layout) as store:
         ids, blocks, _ = _fill(store, n)
-        raw = os.path.join(workdir, f"raw-{layout.model}.bin")
+        raw = os.path.join(workdir, f"raw-{layout.fingerprint()[:8]}.bin")
         blocks.tofile(raw)
         hashes = [b.hash for b in ids]
         rng = np.random.default_rng(1)
@@ -107,7 +107,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> 
 
 
 def cap_figures(layout: kv.BlockLayout, n: int, workdir: str, cap_mbps: float) -> dict:
-    with kv.BlockStore(kv.local_spec(os.path.join(workdir, "read-" + layout.model)), layout) as store:
+    with kv.BlockStore(kv.local_spec(os.path.join(workdir, "read-" + layout.fingerprint()[:8])), layout) as store:
         hashes = list(store._lru)[:n]
         nic = kv.StorageNIC("bench", cap_bytes_per_s=cap_mbps * 1e6)
         t0 = time.perf_counter()
@@ -137,8 +137,8 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) ->
     out, buf = {}, np.empty_like(blocks)
     for name, (checksum, sharded) in {"zarr3_no_checksum": (False, False), "zarr3_crc32c": (True, False),
                                       "zarr3_sharded_layer_chunks_crc32c": (True, True)}.items():
-        arr = ts.open(_zarr3_spec(layout, os.path.join(workdir, f"fmt-{layout.model}-{name}/"), checksum, sharded), create=True,
-                      context=ctx).result()
+        path = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}-{name}/")
+        arr = ts.open(_zarr3_spec(layout, path, checksum, sharded), create=True, context=ctx).result()
         for i in range(n):
             arr[i].write(blocks[i]).result()
         dst, times = ts.array(buf, copy=False), []
@@ -148,9 +148,9 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) ->
                 f.result()
             times.append(time.perf_counter() - t0)
         out[name] = _gbps(blocks.nbytes, statistics.median(times[1:]))
-    for name, spec in (("file_key_per_block", {"driver": "file", "path": os.path.join(workdir, f"fmt-{layout.model}-file/")}),
-                       ("ocdbt", {"driver": "ocdbt", "base": {"driver": "file",
-                                                             "path": os.path.join(workdir, f"fmt-{layout.model}-ocdbt/")}})):
+    tag = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}")
+    for name, spec in (("file_key_per_block", {"driver": "file", "path": tag + "-file/"}),
+                       ("ocdbt", {"driver": "ocdbt", "base": {"driver": "file", "path": tag + "-ocdbt/"}})):
         store = ts.KvStore.open(spec, context=ctx).result()
         for f in [store.write(f"{i:08d}", blocks[i].tobytes()) for i in range(n)]:
             f.result()

@@ -156,7 +156,7 @@ class PrefillHost(Host):
         return [r for i, r in enumerate(ready) if r.loaded() or (i == 0 and r.a.layerwise)]
 
     def _layer_source(self, a: Assign, rkv: RequestKV, ticket):
-        """(fn(layer) -> (valid blocks, hit KV [planned*T, 2, K, H]), fn() -> all loaded?) for this path."""
+        """(fn(layer) -> (valid blocks, hit KV [planned*T, *record]), fn() -> all loaded?) for this path."""
         T, inbox = self.layout.block_tokens, self.inboxes[a.request.id]
 
         def from_store(layer):
@@ -175,7 +175,7 @@ class PrefillHost(Host):
     def _pass(self, plan: list[tuple["_Row", int]]) -> list["_Row"]:
         """One prefill pass over (row, new tokens) pairs; returns the rows whose prefill finished.
         A bad block found on the way restarts that row with fewer hit blocks and drops the pass."""
-        L, (K, H) = self.layout.n_layers, self.layout.layer_shape[2:]
+        L, record = self.layout.n_layers, self.layout.record_shape
         toks = np.zeros((len(plan), max(n for _, n in plan)), np.int32)
         for b, (r, n) in enumerate(plan):
             toks[b, :n] = r.a.request.tokens[r.next:r.next + n]
@@ -184,7 +184,7 @@ class PrefillHost(Host):
         fresh: list[list[np.ndarray]] = [[] for _ in plan]  # per row: this pass's KV, by layer
         previous = None
         for layer in range(L):
-            prefix = np.zeros((len(plan), max(r.next for r, _ in plan), 2, K, H), self.layout.np_dtype)
+            prefix = np.zeros((len(plan), max(r.next for r, _ in plan), *record), self.layout.np_dtype)
             hits = []
             for b, (r, _) in enumerate(plan):
                 valid, hit_kv = r.source(layer)

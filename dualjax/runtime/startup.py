@@ -25,7 +25,7 @@ def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: 
     cfg = models.get_config(model)
     params = _params(model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (rows, new))
-    prefix = np.zeros((cfg.n_layers, rows, cached, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    prefix = np.zeros((cfg.n_layers, rows, cached, *cfg.kv_record_shape), cfg.kv_dtype)
 
     def run():
         lw = models.Layerwise(params, cfg, tokens, prefix_len=[cached] * rows)

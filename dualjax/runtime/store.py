@@ -1,16 +1,23 @@
-"""The one place where a model config becomes a KV block layout, and where a run opens its store."""
+"""The one place where a model config becomes a KV block layout, and where a run opens its store.
+
+A model config says what one token leaves in one layer's cache (`kv_record_shape`, `kv_dtype`,
+`kv_format`); the store holds such records whatever they are. The layout's format string adds
+the model's name and, when known, the weights' identity, so KV is never served across models or
+checkpoints of the same shape.
+"""
 
 from __future__ import annotations
 
 import models
 from kvstore import BlockLayout, BlockStore, local_spec
-from models import ModelConfig
 
 
-def layout_for(cfg: ModelConfig, block_tokens: int = 64, hash_seed: int = 0) -> BlockLayout:
-    """Full Block layout [L, T, 2, K, H] of `cfg`'s KV, fingerprinted with the model name and dtype."""
-    return BlockLayout(model=cfg.name, n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                       dtype=cfg.dtype, block_tokens=block_tokens, hash_seed=hash_seed)
+def layout_for(cfg, block_tokens: int = 64, hash_seed: int = 0, weights: str = "") -> BlockLayout:
+    """Full Block layout [L, T, *cfg.kv_record_shape] of `cfg`'s cache (any model config with the
+    three `kv_*` properties), fingerprinted by its record format, model name and `weights`."""
+    fmt = f"{cfg.kv_format} model={cfg.name}" + (f" weights={weights}" if weights else "")
+    return BlockLayout(n_layers=cfg.n_layers, block_tokens=block_tokens, record_shape=tuple(cfg.kv_record_shape),
+                       dtype=cfg.kv_dtype, format=fmt, hash_seed=hash_seed)
 
 
 def run_layout(cfg) -> BlockLayout:

@@ -69,7 +69,7 @@ def test_a_bad_trajectory_line_is_rejected_with_its_number(tmp_path, line, reaso
 
 def test_mooncake_replay_shares_prefix_blocks_and_spreads_ticks():
     agents = mooncake_trace(TRACE, vocab=1000, limit=200)
-    layout = BlockLayout("m", 1, 1, 8, block_tokens=64)
+    layout = BlockLayout(n_layers=1, record_shape=(2, 1, 8), format="m", block_tokens=64)
     raw = [json.loads(line) for line in open(TRACE)][:200]
     by_len = {len(a.turns[0].append) for a in agents}
     assert {r["input_length"] for r in raw} == by_len

@@ -13,7 +13,12 @@ import pytest
 
 import kvstore as kv
 
-LAYOUT = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+
+def _layout(**kw):
+    return kv.BlockLayout(**{"n_layers": 2, "record_shape": (2, 2, 16), "format": "gqa:2x2x16:float32", **kw})
+
+
+LAYOUT = _layout()
 
 
 def _blocks(n, layout=LAYOUT, seed=0):
@@ -41,7 +46,7 @@ def test_layer_blocks_are_contiguous_slices_of_full_blocks():
 def test_hashes_are_identical_across_processes():
     code = textwrap.dedent("""
         import numpy as np, kvstore as kv
-        layout = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+        layout = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
         print(",".join(b.hash for b in kv.block_chain(np.arange(64 * 3) % 251, layout)))
     """)
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -50,7 +55,7 @@ def test_hashes_are_identical_across_processes():
 
 
 def test_hashes_chain_and_depend_on_fingerprint():
-    a, b = _chain(3), kv.block_chain(np.arange(64 * 3) % 251, kv.BlockLayout("tiny", 2, 2, 16, hash_seed=1))
+    a, b = _chain(3), kv.block_chain(np.arange(64 * 3) % 251, _layout(hash_seed=1))
     assert [x.parent for x in a] == [kv.ROOT, a[0].hash, a[1].hash]
     assert not {x.hash for x in a} & {x.hash for x in b}
     assert len(kv.block_chain(np.arange(64 * 3 - 1), LAYOUT)) == 2  # partial trailing block: no id
@@ -61,7 +66,7 @@ def test_hashes_chain_and_depend_on_fingerprint():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_round_trip_is_bit_exact(tmp_path, dtype):
-    layout = kv.BlockLayout("tiny", 2, 2, 16, dtype=dtype)
+    layout = _layout(dtype=dtype)
     ids, blocks = _chain(4, layout), _blocks(4, layout)
     with kv.BlockStore("memory://", layout) as s:
         assert s.put(ids, blocks) == 4
@@ -86,7 +91,7 @@ def test_reopen_restores_index_and_put_twice_is_harmless(tmp_path):
 def test_fingerprint_mismatch_and_foreign_directory_refuse(tmp_path):
     spec = kv.local_spec(tmp_path / "s")
     kv.BlockStore(spec, LAYOUT).close()
-    other = kv.BlockLayout("tiny", 2, 2, 16, block_tokens=32)
+    other = _layout(block_tokens=32)
     with pytest.raises(kv.FingerprintMismatch, match=f"{LAYOUT.fingerprint()}.*{other.fingerprint()}"):
         kv.BlockStore(spec, other)
     (tmp_path / "foreign").mkdir()
@@ -173,7 +178,7 @@ def test_two_processes_write_one_directory_at_once(tmp_path):
     kv.BlockStore(spec, LAYOUT).close()
     code = textwrap.dedent(f"""
         import numpy as np, kvstore as kv, sys
-        layout = kv.BlockLayout("tiny", n_layers=2, n_kv_heads=2, head_dim=16, block_tokens=64)
+        layout = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
         off = int(sys.argv[1])
         ids = kv.block_chain((np.arange(64 * 20) + off) % 251, layout)
         blocks = np.random.default_rng(off).standard_normal((20, *layout.full_shape)).astype(np.float32)
