@@ -22,7 +22,7 @@ def main(args) -> int:
     quick = args.quick
     # A storage-bound setting (as in the paper): at these caps loading the hit blocks takes several
     # times longer than computing on this machine, so the second read path can pay off.
-    base = RunConfig(ClusterSpec(1, 1), model="tiny" if quick else "small",
+    base = RunConfig(ClusterSpec(1, 1), model=args.model or ("tiny" if quick else "small"),
                      workload="agentic-tiny" if quick else "agentic-e2e", agents=4, turns=3 if quick else 4,
                      snic_mbps=2.0 if quick else 5.0)
     print(f"dualjax demo: {base.model} model, {base.workload} workload, 1P1D embedded, storage NIC cap "

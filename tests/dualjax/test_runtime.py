@@ -195,3 +195,27 @@ def test_e2e_benchmark_quick(tmp_path):
     assert set(v["jct_error"]) == {"1p1d-control", "1p1d-basic", "1p1d-dualpath", "1p2d-basic", "1p2d-dualpath"}
     assert set(v["speedup_error"]) == {"1p1d", "1p2d"} and v["sim_speedup"]["1p1d"] > 1.2
     assert (tmp_path / "local.json").exists()  # calibrated on the way
+
+
+CUSTOM = "tests.dualjax.custom_policy:LongPrefixToDE"
+
+
+def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
+    """`--policy pkg.module:Class` works embedded, under `dualjax run`'s mpiexec, under a user's own
+    mpirun of launch.main, and in the simulator: the same class, unchanged."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = ["--cluster", "1p1d", "--agents", "3", "--turns", "3", "--policy", CUSTOM, "--quiet"]
+    assert cli.main(["run", "--embedded", *args, "--out", str(tmp_path / "embedded")]) == 0
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", "run", *args, "--out", str(tmp_path / "mpi")],
+                          capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", "-m", "launch.main", *args,
+                           "--out", str(tmp_path / "launch")], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("embedded", "mpi", "launch"):
+        report = json.load(open(tmp_path / name / "report.json"))
+        assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+        assert tokens_of(str(tmp_path / name)) == reference
+    assert cli.main(["sim", "--cluster", "1p1d", "--workload", "paper-32k", "--agents", "4", "--turns", "3",
+                     "--policy", CUSTOM, "--quiet", "--out", str(tmp_path / "sim")]) == 0
+    assert json.load(open(tmp_path / "sim" / "report.json"))["policy"] == "long-prefix-to-de"
