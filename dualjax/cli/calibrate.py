@@ -24,6 +24,7 @@ import shutil
 import time
 
 import numpy as np
+import scipy.optimize
 
 import models
 from dualjax.core.config import ClusterSpec, RunConfig
@@ -86,8 +87,8 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
             times.append(time.perf_counter() - t0)
         xs.append(cap)
         ys.append(float(np.median(times)))
-    d1, d0 = np.polyfit(xs, ys, 1)
-    return max(0.0, float(d0)), max(0.0, float(d1))
+    (d0, d1), _ = scipy.optimize.nnls(np.stack([np.ones(len(xs)), xs], axis=1), np.array(ys))
+    return float(d0), float(d1)
 
 
 def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tuple[tuple[float, ...], ...]:

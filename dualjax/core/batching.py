@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import scipy.optimize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,10 +27,10 @@ class AttentionFit:
 
     @classmethod
     def fit(cls, samples: list[tuple[int, int, float]]) -> "AttentionFit":
-        """Least squares over (cached, new, seconds) samples; coefficients clipped at 0."""
+        """Non-negative least squares over (cached, new, seconds) samples (a time never falls as work grows)."""
         x = np.array([[n * (c + n / 2), n, 1.0] for c, n, _ in samples])
         y = np.array([s for _, _, s in samples])
-        coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
+        coef, _ = scipy.optimize.nnls(x, y)
         return cls(*map(float, coef))
 
 
