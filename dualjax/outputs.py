@@ -41,7 +41,7 @@ def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[HostStat
 
 
 def write_run(out_dir: str, records: list[dict], hosts: list[HostStats], cfg, policy: str,
-              slo: tuple[float, float] = (4.0, 0.050), extra: dict | None = None) -> dict:
+              slo: tuple[float, float], extra: dict | None = None) -> dict:
     """A real run's requests.jsonl, report.json (plus `extra` keys) and plots under `out_dir`;
     returns the report. Does not modify `records` or `hosts`."""
     os.makedirs(out_dir, exist_ok=True)
