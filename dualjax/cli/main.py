@@ -7,6 +7,8 @@
     dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
     dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
     dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
+    dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
+    dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
     dualjax calibrate                           measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
 
@@ -56,7 +58,7 @@ def cmd_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dualjax.cli import plan, sim
+    from dualjax.cli import plan, sim, workload
     parser = argparse.ArgumentParser(prog="dualjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     plan.add_parser(sub)
     sim.add_parsers(sub)
+    workload.add_parser(sub)
     rep = sub.add_parser("report", help="compare runs in one table and one figure")
     rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
     rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
@@ -85,7 +88,7 @@ def dispatch(args) -> int:
     if args.command == "run":
         return cmd_run(args)
     module = {"demo": "demo", "verify": "verify", "plan": "plan", "sim": "sim", "calibrate": "calibrate",
-              "report": "report"}[args.command]
+              "report": "report", "workload": "workload"}[args.command]
     return importlib.import_module(f"dualjax.cli.{module}").main(args)
 
 

@@ -109,7 +109,8 @@ def test_deepseek_cost_model_reproduces_the_cache_compute_ratio():
     ratio = 32_721 * m.kv_bytes_per_token / 1e9 / (m.prefill_flops(32_721, 429) / 1e15)
     assert ratio == pytest.approx(21.5, abs=0.1)
     dense = model_cost("tiny")  # without a window: attention over every position
-    assert dense.prefill_flops(10, 5) == pytest.approx(5 * dense.linear_flops + dense.attn_flops * (11 + 12 + 13 + 14 + 15))
+    expected = 5 * dense.linear_flops + dense.attn_flops * (11 + 12 + 13 + 14 + 15)
+    assert dense.prefill_flops(10, 5) == pytest.approx(expected)
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +123,14 @@ def storage_bound():
 
 def test_dualpath_uses_both_storage_nics(storage_bound):
     basic, dual, oracle = storage_bound["basic"], storage_bound["dualpath"], storage_bound["oracle"]
-    assert basic["paths"] == {"pe": 64 * 24} and set(dual["paths"]) == {"pe", "de"}
-    assert basic["jct_s"] / dual["jct_s"] > 1.5  # two NICs instead of one, theory 2
+    n = basic["requests"]  # 64 agents of up to ~24 turns (each draws its turn count)
+    assert basic["paths"] == {"pe": n} and set(dual["paths"]) == {"pe", "de"} and dual["requests"] == n
+    # two NICs instead of one, theory 2; agents' turn counts vary, so the longest ones' tail runs below it
+    assert basic["jct_s"] / dual["jct_s"] > 1.4
     assert oracle["jct_s"] < dual["jct_s"]
     assert dual["snic_max_over_avg"] < basic["snic_max_over_avg"]
     assert dual["relay_bytes"] > 0 and basic["relay_bytes"] == 0
-    assert basic["requests"] == 64 * 24 and basic["hit_rate"] > 0.9
+    assert 64 * 12 < n < 64 * 36 and basic["hit_rate"] > 0.9
 
 
 def test_custom_policy_object_runs_in_the_simulator():
@@ -141,7 +144,7 @@ def test_custom_policy_object_runs_in_the_simulator():
 
     r = simulate(SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=8, turns=4), policy=Decode(),
                  progress=False)
-    assert r["policy"] == "always-de" and r["paths"] == {"de": 32}
+    assert r["policy"] == "always-de" and r["paths"] == {"de": r["requests"]}
 
 
 def test_online_capacity_search():

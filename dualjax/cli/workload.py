@@ -1,0 +1,48 @@
+"""`dualjax workload stats NAME [--agents N] [--json FILE]`: a workload's PAPER.md §6 Table-2 statistics.
+
+Prints and writes `agents`, `turns_mean`, `append_mean`, `gen_mean`, `total_mean` (per agent),
+`context_mean` (per request: the prompt length) and `max_total`; for the paper presets also the
+table's values and each statistic's relative error against them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from dualjax.core.workload import PAPER_TABLE, length_stats
+
+
+def add_parser(sub) -> None:
+    wl = sub.add_parser("workload", help="workload statistics (`dualjax workload stats NAME --json FILE`)")
+    wsub = wl.add_subparsers(dest="workload_command", required=True)
+    st = wsub.add_parser("stats", help="turns, append, gen, total and mean context of a workload (PAPER.md §6)")
+    st.add_argument("name", help="a workload preset or a trajectory file *.jsonl")
+    st.add_argument("--agents", type=int, help="override the preset's number of agents")
+    st.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    st.add_argument("--json", metavar="FILE")
+
+
+def stats(name: str, agents: int | None = None, seed: int = 0) -> dict:
+    """The statistics of workload `name` (as the simulator draws it), with the paper's table when it has one."""
+    from dualjax.core.config import SimConfig
+    from dualjax.sim import workload_lengths
+    append, gen, _, _ = workload_lengths(SimConfig(workload=name, agents=agents, workload_seed=seed))
+    out = {"workload": name, "seed": seed, **length_stats(list(zip(append, gen)))}
+    if name in PAPER_TABLE:
+        keys = ("append_mean", "gen_mean", "total_mean", "context_mean")
+        out["paper_table"] = dict(zip(keys, PAPER_TABLE[name]))
+        out["error"] = {k: out[k] / v - 1 for k, v in out["paper_table"].items()}
+    return out
+
+
+def main(args) -> int:
+    result = stats(args.name, args.agents, args.seed)
+    print(f"{args.name}: {result['agents']} agents, {result['requests']} requests, "
+          f"turns {result['turns_mean']:.1f}, append {result['append_mean']:.0f}, gen {result['gen_mean']:.0f}, "
+          f"total {result['total_mean']:.0f} (max {result['max_total']}), mean context {result['context_mean']:.0f}")
+    if "error" in result:
+        print("  vs PAPER.md §6 Table 2: " + ", ".join(f"{k} {v:+.1%}" for k, v in result["error"].items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
