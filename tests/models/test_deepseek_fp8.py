@@ -1,0 +1,61 @@
+"""The FP8 cache record (production layout): byte sizes, round-trip error bound against the model-dtype
+record, and the same prefix-split invariant as the model-dtype cache."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import deepseek as ds
+from models import mla_cache
+from models.deepseek_config import DEEPSEEK_PRESETS
+
+
+@pytest.fixture(scope="module")
+def fp8_tiny():
+    cfg = DEEPSEEK_PRESETS["deepseek-tiny"]
+    return cfg, cfg.replace(kv_cache_dtype="fp8"), ds.init_params(cfg, seed=0)
+
+
+def test_record_sizes_of_real_shape():
+    for name, want in (("deepseek-v3.2", 656 + 132), ("ds-27b", 656 + 68)):
+        cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
+        assert cfg.kv_record_shape == (want,) and cfg.kv_dtype == "uint8" and cfg.kv_record_bytes == want
+
+
+def test_fp8_round_trip_error_bound(fp8_tiny):
+    """Per value: e4m3 keeps 3 mantissa bits (relative error <= 2^-4) above its subnormals, whose
+    spacing is 2^-9 of the group scale (amax / 448); the RoPE key is BF16 (relative error <= 2^-8)."""
+    cfg, fp8, _ = fp8_tiny
+    rng = np.random.default_rng(0)
+    R, Dr, Hi = cfg.record_parts
+    parts = [jnp.asarray(rng.standard_normal((2, 50, n)) * rng.uniform(0.01, 10, (2, 50, 1)), jnp.float32)
+             for n in (R, Dr, Hi)]
+    record = mla_cache.pack(*parts, fp8)
+    assert record.dtype == jnp.uint8 and record.shape == (2, 50, *fp8.kv_record_shape)
+    for x, y, group in zip(parts, mla_cache.unpack(record, fp8), (fp8.fp8_group, None, Hi)):
+        x, y = np.asarray(x), np.asarray(y)
+        if group is None:
+            assert np.all(np.abs(y - x) <= np.abs(x) * 2.0 ** -8)
+            continue
+        amax = np.abs(x.reshape(*x.shape[:-1], -1, group)).max(-1, keepdims=True)
+        floor = np.broadcast_to(amax / 448 * 2.0 ** -9, (*x.shape[:-1], x.shape[-1] // group, group))
+        assert np.all(np.abs(y - x) <= np.abs(x) * 2.0 ** -4 + floor.reshape(x.shape) * 1.0001)
+
+
+def test_fp8_cache_prefix_split_and_logit_error(fp8_tiny):
+    cfg, fp8, params = fp8_tiny
+    tokens = np.random.default_rng(7).integers(0, cfg.vocab, (2, 80))
+    ref, _ = ds.prefill(params, cfg, tokens)
+    logits, kv = ds.prefill(params, fp8, tokens)
+    assert kv.dtype == jnp.uint8
+    _, kv1 = ds.prefill(params, fp8, tokens[:, :37])
+    logits2, kv2 = ds.prefill(params, fp8, tokens[:, 37:], kv1)
+    # Rounding to FP8 is discontinuous: float32 noise of ~1e-7 between the two paths can move a value
+    # to the next FP8 step (6%), so the split equals the full prefill to FP8 precision, not bit for bit.
+    np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits[:, 37:]), rtol=0, atol=1e-2)
+    for got, want in zip(mla_cache.unpack(kv2, fp8), mla_cache.unpack(kv[:, :, 37:], fp8)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2.0 ** -3, atol=1e-2)
+    # Against the float32 cache: logits move by a small fraction of their spread on average (a random
+    # tiny model amplifies some tokens: a perturbed latent can flip an expert or a top-k choice).
+    err = np.abs(np.asarray(logits) - np.asarray(ref)).mean() / np.asarray(ref).std()
+    assert err < 0.25, err
