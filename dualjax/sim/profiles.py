@@ -63,19 +63,22 @@ class ModelCost:
 
 
 def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
-    """The cost model of a preset (from its config), or `deepseek-v3.2`."""
-    if name == "deepseek-v3.2":
-        # ../shared/traces/README.md §4: 656 B of KV per token per layer, 61 layers, ~74 GFLOP of linear
-        # work per token, DSA attention over 2,048 positions (576 + 512 dims, 128 heads) plus the indexer
-        # (64 dims, 128 heads) over all of them; 671e9 FP8 weights split by expert parallelism over 32 GPUs
-        # (our assumption), and 132 B of FP8 indexer key per token per layer.
-        return ModelCost(name, 61, 656 * 61, 74e9, 61 * 2 * (576 + 512) * 128, 2048, 61 * 2 * 64 * 128,
-                         132 * 61, 671e9 / 32)
+    """The cost model of a preset, derived from its config (`models.costs`)."""
+    from models.costs import cost_terms, param_count
+    from models.deepseek_config import DEEPSEEK_PRESETS
+    if name in DEEPSEEK_PRESETS:
+        # Production layout (../shared/traces/README.md §4): FP8 cache, 656 B of latent + RoPE key per token per
+        # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter) split by expert parallelism
+        # over 32 GPUs past 100B parameters (our assumption).
+        cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
+        t, params = cost_terms(cfg), param_count(cfg)
+        return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, t.linear_flops, t.attn_flops, t.window,
+                         t.indexer_flops, t.indexer_bytes_per_token,
+                         params / (32 if params > 100e9 else gpus_per_weight_copy))
     import models
-    from models.costs import linear_flops_per_token
     cfg = models.get_config(name)
-    return ModelCost(name, cfg.n_layers, models.kv_bytes_per_token(cfg), linear_flops_per_token(cfg),
-                     4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim,
+    t = cost_terms(cfg)
+    return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, t.linear_flops, t.attn_flops,
                      weight_bytes_per_gpu=models.param_bytes(cfg) / gpus_per_weight_copy)
 
 

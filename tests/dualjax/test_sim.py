@@ -107,7 +107,7 @@ def test_deepseek_cost_model_reproduces_the_cache_compute_ratio():
     m = model_cost("deepseek-v3.2")
     assert m.kv_bytes_per_token == 40_016
     ratio = 32_721 * m.kv_bytes_per_token / 1e9 / (m.prefill_flops(32_721, 429) / 1e15)
-    assert ratio == pytest.approx(21.5, abs=0.1)
+    assert ratio == pytest.approx(21.4, abs=0.1)  # 21.5 with the hand-typed 74 GFLOP; 75.0 derived (models.costs)
     dense = model_cost("tiny")  # without a window: attention over every position
     expected = 5 * dense.linear_flops + dense.attn_flops * (11 + 12 + 13 + 14 + 15)
     assert dense.prefill_flops(10, 5) == pytest.approx(expected)
