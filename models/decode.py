@@ -3,6 +3,11 @@
 A `DecodeCache` has a fixed number of slots and a fixed capacity, so every decode step runs the
 same compiled program whatever the batch's composition: a row's tokens do not depend on which
 other requests share the batch (this is what lets the runtime promise bit-identical tokens).
+
+The cache is an immutable pytree. Its transitions (`insert`, `step`, `truncate`, `evict`) are pure: each returns
+a new cache, and `insert` and `step` donate the old cache's KV buffer, so the old cache must not be
+used afterwards (`cache = cache.step(...)[1]`). Slot lengths live on the host as a read-only array:
+the host reads them every step (capacity, which block just filled) and must not wait on the device.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from models.buckets import DEFAULT_BUCKETS
 from models.config import ModelConfig
@@ -27,51 +33,111 @@ def _insert_jit(cache, kv, slot):
     return jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0))
 
 
+def _frozen(lengths) -> np.ndarray:
+    """A private, read-only int32 copy: nobody can change a cache's lengths behind its back."""
+    out = np.array(lengths, np.int32)
+    out.setflags(write=False)
+    return out
+
+
+@struct.dataclass
 class DecodeCache:
-    """KV cache [L, 2, slots, K, capacity, H] (decode layout) plus per-slot lengths (host-side).
+    """KV of `slots` sequences in the decode layout, and how many entries of each are valid.
 
-    `insert` takes and `row` gives the sequence layout [L, S, 2, K, H] (runs of Full Blocks)."""
+    `insert` takes and `row` gives the sequence layout [L, S, 2, K, H] (runs of Full Blocks). A slot
+    of length 0 is free: it computes in `step` (fixed shapes), its output is meaningless and its
+    length stays 0. Build one with `DecodeCache.create`.
+    """
 
-    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, sharding=None):
+    kv: jax.Array  # [L, 2, B, K, C, H] on the device: each layer's K and V contiguous and head-major
+    lengths: np.ndarray  # [B] int32 on the host (read-only): valid entries per slot; the next token's position
+    cfg: ModelConfig = struct.field(pytree_node=False)
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, slots: int, capacity: int, sharding=None) -> "DecodeCache":
+        """An empty cache (every slot free) of `capacity` tokens per slot, placed on `sharding` if given.
+
+        Raises InputError when `capacity` exceeds `cfg.max_seq_len` or `slots` < 1.
+        """
         if capacity > cfg.max_seq_len:
             raise InputError(f"decode capacity {capacity} exceeds max_seq_len={cfg.max_seq_len} of {cfg.name!r}")
-        self.cfg, self.slots, self.capacity = cfg, slots, capacity
+        if slots < 1 or capacity < 2:
+            raise InputError(f"a decode cache needs slots >= 1 and capacity >= 2, got {slots} and {capacity}")
         shape = (cfg.n_layers, 2, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
-        self.kv = jnp.zeros(shape, cfg.jnp_dtype, device=sharding)
-        self.lengths = np.zeros(slots, np.int32)
+        return cls(jnp.zeros(shape, cfg.jnp_dtype, device=sharding), _frozen(np.zeros(slots)), cfg)
 
-    def insert(self, slot: int, kv) -> None:
-        """Place one sequence's KV [L, S, 2, K, H] into `slot` (replacing what was there).
+    @classmethod
+    def filled(cls, cfg: ModelConfig, slots: int, capacity: int, length: int) -> "DecodeCache":
+        """A cache whose every slot holds `length` zero entries: for timing steps (their cost depends
+        on the shapes, not on the KV's values)."""
+        cache = cls.create(cfg, slots, capacity)
+        zeros = np.zeros((cfg.n_layers, length, 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+        for slot in range(slots):
+            cache = cache.insert(slot, zeros)
+        return cache
 
-        S is padded to a bucket (powers of two) so inserts compile a handful of programs; the
-        padding lies past the slot's length and is never attended to.
+    @property
+    def slots(self) -> int:
+        return self.kv.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[4]
+
+    def insert(self, slot: int, kv, length: int | None = None) -> "DecodeCache":
+        """A cache whose `slot` holds the first `length` (default all S) tokens of kv [L, S, 2, K, H].
+
+        Donates this cache's KV buffer. S is padded to a bucket (powers of two) so inserts compile a
+        handful of programs; the padding lies past the slot's length and is never attended to.
+        Raises InputError for a misshaped kv, a bad slot, or a sequence that leaves no room to decode.
         """
-        S = kv.shape[1]
-        if S >= self.capacity:
-            raise InputError(f"sequence of {S} tokens does not fit decode capacity {self.capacity}")
-        padded = min(self.capacity, DEFAULT_BUCKETS.prefix(S))
-        kv = np.pad(np.asarray(kv), [(0, 0), (0, padded - S)] + [(0, 0)] * 3)
-        self.kv = _insert_jit(self.kv, jnp.asarray(kv, self.kv.dtype), slot)
-        self.lengths[slot] = S
+        cfg = self.cfg
+        if kv.ndim != 5 or kv.shape[0] != cfg.n_layers or tuple(kv.shape[2:]) != (2, cfg.n_kv_heads, cfg.head_dim):
+            raise InputError(f"insert takes kv [L={cfg.n_layers}, S, 2, K={cfg.n_kv_heads}, H={cfg.head_dim}], "
+                             f"got {tuple(kv.shape)}")
+        length = kv.shape[1] if length is None else int(length)
+        if not 0 <= slot < self.slots or not 1 <= length <= kv.shape[1]:
+            raise InputError(f"insert needs slot in [0, {self.slots}) and length in [1, {kv.shape[1]}], "
+                             f"got slot {slot}, length {length}")
+        if length >= self.capacity:
+            raise InputError(f"sequence of {length} tokens does not fit decode capacity {self.capacity}")
+        padded = min(self.capacity, DEFAULT_BUCKETS.prefix(length))
+        # jnp.array copies: JAX may alias a NumPy buffer, which the caller may reuse (a DE buffer).
+        kv = jnp.array(kv[:, :length], self.kv.dtype)
+        kv = jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * 3)
+        lengths = self.lengths.copy()
+        lengths[slot] = length
+        return self.replace(kv=_insert_jit(self.kv, kv, slot), lengths=_frozen(lengths))
+
+    def truncate(self, length: int, slot: int | None = None) -> "DecodeCache":
+        """A cache whose `slot` (every slot if None) keeps only its first `length` entries: a rollback,
+        lengths never grow this way. Shares this cache's KV buffer (no device work)."""
+        lengths = self.lengths.copy()
+        where = slice(None) if slot is None else slot
+        lengths[where] = np.minimum(lengths[where], length)
+        return self.replace(lengths=_frozen(lengths))
+
+    def evict(self, slot: int) -> "DecodeCache":
+        """A cache whose `slot` is free (length 0). Shares this cache's KV buffer (no device work)."""
+        return self.truncate(0, slot)
 
     def row(self, slot: int, start: int, stop: int):
         """KV [L, stop-start, 2, K, H] of one slot's positions [start, stop)."""
         return self.kv[:, :, slot, :, start:stop].transpose(0, 3, 1, 2, 4)
 
-    def step(self, params: Params, tokens) -> np.ndarray:
-        """Feed tokens [slots] at each slot's current length; returns greedy next ids [slots].
+    def step(self, params: Params, tokens) -> tuple[jax.Array, "DecodeCache"]:
+        """Feed tokens [slots] at each slot's current length: (logits [slots, V] float32, new cache).
 
-        Rows whose slot is idle still compute (fixed shape) and their outputs are ignored.
-        Raises InputError when any slot is full.
+        Donates this cache's KV buffer. Every row computes (fixed shape); a free slot's logits are
+        meaningless. Raises InputError when a slot is full.
         """
         if self.lengths.max() >= self.capacity:
             raise InputError(f"a decode slot reached capacity {self.capacity}")
-        # A private copy: on CPU, JAX may alias a NumPy buffer instead of copying it, and we bump
-        # `self.lengths` while the step may still be running.
-        logits, self.kv = decode_step_jit(params, self.cfg, jnp.array(tokens, jnp.int32), self.kv,
-                                          jnp.array(self.lengths.copy()))
-        self.lengths += 1
-        return np.asarray(greedy(logits))
+        # Private copies: on CPU, JAX may alias a NumPy buffer instead of copying it, and the caller
+        # may reuse `tokens` while the step still runs.
+        logits, kv = decode_step_jit(params, self.cfg, jnp.array(tokens, jnp.int32), self.kv,
+                                     jnp.array(self.lengths))
+        return logits, self.replace(kv=kv, lengths=_frozen(np.where(self.lengths > 0, self.lengths + 1, 0)))
 
 
 def generate(params: Params, cfg: ModelConfig, tokens, steps: int, capacity: int | None = None):
@@ -79,10 +145,11 @@ def generate(params: Params, cfg: ModelConfig, tokens, steps: int, capacity: int
     tokens = check_tokens(tokens, cfg)
     B, T = tokens.shape
     logits, kv = prefill(params, cfg, tokens)
-    cache = DecodeCache(cfg, B, capacity or T + steps)
+    cache = DecodeCache.create(cfg, B, capacity or T + steps)
     for b in range(B):
-        cache.insert(b, kv[:, b])
+        cache = cache.insert(b, kv[:, b])
     out = [np.asarray(greedy(logits[:, -1]))]
     for _ in range(steps - 1):
-        out.append(cache.step(params, out[-1]))
+        logits, cache = cache.step(params, out[-1])
+        out.append(np.asarray(greedy(logits)))
     return np.stack(out, axis=1)

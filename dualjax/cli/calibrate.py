@@ -75,16 +75,16 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     for cap in CAPACITIES:
         if cap > cfg.max_seq_len:
             continue
-        cache = models.DecodeCache(cfg, slots, cap)
-        cache.lengths[:] = cap // 2
+        cache = models.DecodeCache.filled(cfg, slots, cap, cap // 2)
         tokens = np.zeros(slots, np.int32)
-        cache.step(params, tokens)  # compile
         times = []
-        for _ in range(repeats):
-            cache.lengths[:] = cap // 2
+        for attempt in range(repeats + 1):  # the first compiles
+            cache = cache.truncate(cap // 2)
             t0 = time.perf_counter()
-            cache.step(params, tokens)
-            times.append(time.perf_counter() - t0)
+            logits, cache = cache.step(params, tokens)
+            np.asarray(models.greedy(logits))
+            if attempt:
+                times.append(time.perf_counter() - t0)
         xs.append(cap)
         ys.append(float(np.median(times)))
     (d0, d1), _ = scipy.optimize.nnls(np.stack([np.ones(len(xs)), xs], axis=1), np.array(ys))
@@ -101,11 +101,12 @@ def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tu
     params = params_for(model)
 
     def decoder():
-        cache, tokens = models.DecodeCache(cfg, slots, 2048), np.zeros(slots, np.int32)
+        cache, tokens = models.DecodeCache.filled(cfg, slots, 2048, 1024), np.zeros(slots, np.int32)
 
         def step():
-            cache.lengths[:] = 1024
-            cache.step(params, tokens)
+            nonlocal cache
+            logits, cache = cache.truncate(1024).step(params, tokens)
+            np.asarray(models.greedy(logits))
         step()
         return step
 

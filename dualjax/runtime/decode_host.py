@@ -25,7 +25,7 @@ from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
 from kvstore import block_chain
-from models import DecodeCache
+from models import DecodeCache, greedy
 from models.buckets import DEFAULT_BUCKETS
 
 
@@ -55,7 +55,7 @@ class DecodeHost(Host):
         super().__init__(transport, cfg, params)
         self.buffer = HostBuffer("DE", int(cfg.de_buffer_mb * 2**20))
         self.buffer.check_fits(self.layout.block_bytes)
-        self.cache = DecodeCache(self.model_cfg, cfg.decode_slots, decode_capacity(cfg, self.model_cfg))
+        self.cache = DecodeCache.create(self.model_cfg, cfg.decode_slots, decode_capacity(cfg, self.model_cfg))
         self.live: dict[int, _Live] = {}
         self.pe_ready: dict[int, threading.Event] = collections.defaultdict(threading.Event)  # may precede admission
         self.admit_q: queue.Queue = queue.Queue()
@@ -128,9 +128,10 @@ class DecodeHost(Host):
             t0 = time.time()
             feed = np.array([s.tokens[-1] if s else 0 for s in slots], np.int32)
             for i, s in enumerate(slots):
-                if s is None:
-                    self.cache.lengths[i] = 0
-            nxt = self.cache.step(self.params, feed)
+                if s is None and self.cache.lengths[i]:
+                    self.cache = self.cache.evict(i)  # a free slot does not advance
+            logits, self.cache = self.cache.step(self.params, feed)
+            nxt = np.asarray(greedy(logits))
             now = time.time()
             self.busy_s += now - t0
             self.steps += 1
@@ -153,7 +154,7 @@ class DecodeHost(Host):
                     return
                 live = self.ready_q.popleft()
             done, T = live.prefill, self.layout.block_tokens
-            self.cache.insert(i, live.rkv.sequence())
+            self.cache = self.cache.insert(i, live.rkv.sequence())
             live.tokens, live.token_times = [done.first_token], [live.times["first_token"]]
             full = live.a.request.prompt_len // T
             new = list(range(done.hit_blocks, full)) if self.store else []

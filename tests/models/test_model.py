@@ -41,14 +41,48 @@ def test_decode_steps_reproduce_full_forward(tiny, rng):
     tokens = rng.integers(0, cfg.vocab, (3, 40))
     ref = models.reference_logits(params, cfg, tokens)
     _, kv = models.prefill(params, cfg, tokens[:, :30])
-    cache = models.DecodeCache(cfg, slots=3, capacity=64)
+    cache = models.DecodeCache.create(cfg, slots=3, capacity=64)
     for b in range(3):
-        cache.insert(b, kv[:, b])
+        cache = cache.insert(b, kv[:, b])
     for t in range(30, 40):
-        logits, cache.kv = decode_step_jit(params, cfg, jnp.asarray(tokens[:, t]), cache.kv,
-                                           jnp.asarray(cache.lengths))
-        cache.lengths += 1
+        logits, cache = cache.step(params, tokens[:, t])
         np.testing.assert_allclose(np.asarray(logits), ref[:, t], **TOL)
+    assert cache.lengths.tolist() == [40, 40, 40]
+
+
+def test_decode_step_kernel_reproduces_full_forward(tiny, rng):
+    """The array-level `decode_step` (what DecodeCache.step runs) over ragged rows."""
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (2, 24))
+    ref = models.reference_logits(params, cfg, tokens)
+    _, kv = models.prefill(params, cfg, tokens[:, :20])
+    cache = models.DecodeCache.create(cfg, slots=2, capacity=32).insert(0, kv[:, 0]).insert(1, kv[:, 1], length=17)
+    lengths = np.array([20, 17], np.int32)
+    logits, _ = decode_step_jit(params, cfg, jnp.asarray(tokens[[0, 1], [20, 17]]), cache.kv, jnp.asarray(lengths))
+    np.testing.assert_allclose(np.asarray(logits[0]), ref[0, 20], **TOL)
+    np.testing.assert_allclose(np.asarray(logits[1]), ref[1, 17], **TOL)
+
+
+def test_decode_cache_transitions_are_pure_and_donate(tiny, rng):
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (1, 12))
+    _, kv = models.prefill(params, cfg, tokens)
+    empty = models.DecodeCache.create(cfg, slots=2, capacity=16)
+    assert jax.tree.leaves(empty)[0] is empty.kv  # a pytree whose leaves are kv and lengths
+    cache = empty.insert(1, kv[:, 0], length=10)
+    assert empty.lengths.tolist() == [0, 0] and cache.lengths.tolist() == [0, 10]
+    assert empty.kv.is_deleted()  # donated
+    with pytest.raises(ValueError):
+        cache.lengths[0] = 3  # read-only: only transitions change lengths
+    _, after = cache.step(params, np.array([0, tokens[0, 10]]))
+    assert after.lengths.tolist() == [0, 11]  # the free slot stays free
+    np.testing.assert_array_equal(np.asarray(after.row(1, 0, 10)), np.asarray(kv[:, 0, :10]))
+    assert after.evict(1).lengths.tolist() == [0, 0] and after.lengths.tolist() == [0, 11]
+    assert after.truncate(4).lengths.tolist() == [0, 4] and after.truncate(20, slot=1).lengths.tolist() == [0, 11]
+    with pytest.raises(models.InputError, match="does not fit"):
+        after.insert(0, kv[:, 0], length=12).insert(0, jnp.zeros((2, 16, 2, 2, 16)))
+    with pytest.raises(models.InputError, match="insert takes kv"):
+        after.insert(0, kv[:, 0, :, :, :1])
 
 
 def test_generate_is_greedy_continuation(tiny, rng):
