@@ -21,8 +21,8 @@ import numpy as np
 from models import dsa, mla, mla_cache, moe
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.deepseek_config import DeepSeekConfig
-from models.params import Decl, Params, _is_decl
-from models.prefill import InputError, _pad, check_tokens
+from models.params import Decl, Params
+from models.prefill import InputError, check_tokens
 
 # --------------------------------------------------------------------------- parameters
 
@@ -84,6 +84,10 @@ def declare(cfg: DeepSeekConfig) -> dict:
     return tree
 
 
+def is_decl(x) -> bool:
+    return isinstance(x, Decl)
+
+
 def _init_leaf(key, decl: Decl, dtype):
     if decl.init in ("ones", "zeros"):
         return (jnp.ones if decl.init == "ones" else jnp.zeros)(decl.shape, dtype)
@@ -93,13 +97,13 @@ def _init_leaf(key, decl: Decl, dtype):
 
 def init_params(cfg: DeepSeekConfig, seed: int = 0) -> Params:
     """Seeded random params (deterministic in `seed`), in `cfg.dtype`."""
-    decls, treedef = jax.tree_util.tree_flatten(declare(cfg), is_leaf=_is_decl)
+    decls, treedef = jax.tree_util.tree_flatten(declare(cfg), is_leaf=is_decl)
     keys = jax.random.split(jax.random.key(seed), len(decls))
     return jax.tree_util.tree_unflatten(treedef, [_init_leaf(k, d, cfg.jnp_dtype) for k, d in zip(keys, decls)])
 
 
 def param_count(cfg: DeepSeekConfig) -> int:
-    return sum(math.prod(d.shape) for d in jax.tree_util.tree_leaves(declare(cfg), is_leaf=_is_decl))
+    return sum(math.prod(d.shape) for d in jax.tree_util.tree_leaves(declare(cfg), is_leaf=is_decl))
 
 
 # --------------------------------------------------------------------------- the model
@@ -203,6 +207,12 @@ decode_step_jit = jax.jit(decode_step, static_argnums=1, donate_argnums=3)
 @functools.partial(jax.jit, static_argnums=1)
 def _forward_jit(params, cfg, tokens, prefix_kv, prefix_len):
     return forward(params, cfg, tokens, prefix_kv, prefix_len)
+
+
+def _pad(a, axis: int, size: int):
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, widths)
 
 
 def kv_np_dtype(cfg: DeepSeekConfig) -> np.dtype:

@@ -105,13 +105,13 @@ class DeepSeekConfig:
         return layer >= self.first_k_dense_replace
 
     @property
-    def yarn_mscale(self) -> float:
+    def softmax_mscale(self) -> float:
         """Softmax-scale correction of YaRN: (0.1 mscale_all_dim ln(factor) + 1)^2 (1 when YaRN is off)."""
-        return _yarn_mscale(self.rope_factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+        return yarn_mscale(self.rope_factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
 
     @property
     def softmax_scale(self) -> float:
-        return self.qk_head_dim ** -0.5 * self.yarn_mscale
+        return self.qk_head_dim ** -0.5 * self.softmax_mscale
 
     # The per-token cache record (agreed with kvstore.BlockLayout: a layer's KV is [.., T, *kv_record_shape]).
     @property
@@ -147,7 +147,7 @@ class DeepSeekConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _yarn_mscale(factor: float, mscale: float) -> float:
+def yarn_mscale(factor: float, mscale: float) -> float:
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 

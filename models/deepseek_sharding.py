@@ -11,7 +11,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models import deepseek
 from models.deepseek_config import DeepSeekConfig
-from models.params import _is_decl
 from models.sharding import LOGICAL_RULES
 
 RULES = {**LOGICAL_RULES, "expert": LOGICAL_RULES.get("expert", "tp")}
@@ -31,7 +30,7 @@ def _spec(shape, axes, mesh: Mesh) -> PartitionSpec:
 def param_shardings(cfg: DeepSeekConfig, mesh: Mesh):
     """NamedSharding per param leaf, derived from the declarations."""
     return jax.tree.map(lambda d: NamedSharding(mesh, _spec(d.shape, d.axes, mesh)), deepseek.declare(cfg),
-                        is_leaf=_is_decl)
+                        is_leaf=deepseek.is_decl)
 
 
 def shard_params(params, cfg: DeepSeekConfig, mesh: Mesh):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.deepseek_config import DeepSeekConfig, _yarn_mscale
+from models.deepseek_config import DeepSeekConfig, yarn_mscale
 
 
 def rms_norm(x, w, eps):
@@ -47,8 +47,8 @@ def rope_cos_sin(positions, cfg: DeepSeekConfig):
     angles = positions[..., None].astype(jnp.float32) * rope_inv_freq(cfg)
     gain = 1.0  # HF's YaRN attention factor: 1 when mscale == mscale_all_dim, as in every DeepSeek config
     if cfg.rope_factor > 1:
-        gain = (_yarn_mscale(cfg.rope_factor, cfg.mscale) / _yarn_mscale(cfg.rope_factor, cfg.mscale_all_dim)
-                if cfg.mscale and cfg.mscale_all_dim else _yarn_mscale(cfg.rope_factor, 1.0))
+        gain = (yarn_mscale(cfg.rope_factor, cfg.mscale) / yarn_mscale(cfg.rope_factor, cfg.mscale_all_dim)
+                if cfg.mscale and cfg.mscale_all_dim else yarn_mscale(cfg.rope_factor, 1.0))
     return jnp.cos(angles) * gain, jnp.sin(angles) * gain
 
 
