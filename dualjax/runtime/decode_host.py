@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from dualjax.core.records import HostStats
-from dualjax.core.workload import load_workload, max_context
+from dualjax.core.workload import PRESETS, get_workload, load_workload, max_context, turn_lengths
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
@@ -31,9 +31,15 @@ from models.buckets import DEFAULT_BUCKETS
 
 def decode_capacity(cfg, model_cfg) -> int:
     """Tokens per decode slot: the workload's longest context, bucketed; the same on every run of
-    that workload, so decode programs (and hence tokens) do not depend on the run."""
-    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
-    return min(DEFAULT_BUCKETS.prefix(max_context(agents) + 1), model_cfg.max_seq_len)
+    that workload, so decode programs (and hence tokens) do not depend on the run. A preset's
+    contexts come from its turn lengths alone (no token ids drawn); a file is read as it is."""
+    if cfg.workload in PRESETS:
+        spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
+        lengths = (turn_lengths(spec, agent, cfg.workload_seed) for agent in range(spec.agents))
+        longest = max(int(append.sum() + gen.sum()) for append, gen in lengths)
+    else:
+        longest = max_context(load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents))
+    return min(DEFAULT_BUCKETS.prefix(longest + 1), model_cfg.max_seq_len)
 
 
 class _Live:
