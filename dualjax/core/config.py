@@ -155,7 +155,8 @@ class Settings:
                                    factory=lambda: ClusterSpec(1, 1))
     model: str = setting("tiny", "model preset (tiny, small, ...)")
     workload: str = setting("agentic-tiny", "preset (agentic-tiny, agentic-small, agentic-e2e, paper-32k/48k/64k), "
-                            "a trajectory file *.jsonl, or mooncake:PATH[:LIMIT[:LENGTH_SCALE]]")
+                            "a trajectory file *.jsonl, mooncake:PATH[:LIMIT[:LENGTH_SCALE]] or "
+                            "sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
     agents: int | None = setting(None, "override the preset's number of agents")
     turns: int | None = setting(None, "override the preset's turns per agent")
     policy: str = setting("dualpath", "read-path policy: basic, pe-only, de-only, round-robin, random, dualpath, "
@@ -169,6 +170,8 @@ class Settings:
                                  "memory)")
     compute_quota_ms: float = setting(300.0, "predicted prefill time a PE packs into one pass (docs/paper.md §7)")
     workload_seed: int = setting(0, "workload seed", flag="--seed")
+    think_time: str = setting("zero", "sessions: pause before each turn: zero (the paper's rule), recorded (the "
+                              "trace's tool/user time) or a factor on the recorded pauses")
 
     def __post_init__(self):
         if isinstance(self.cluster, str):  # "1p2d", as flags and notebooks give it
@@ -176,6 +179,8 @@ class Settings:
         if not isinstance(self.cluster, ClusterSpec):
             raise ConfigError(f"cluster must be a ClusterSpec (e.g. ClusterSpec.parse('1p1d')), got {self.cluster!r}")
         _positive(self, "aps", "snic_mbps", "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns")
+        if self.think_time not in ("zero", "recorded") and not re.fullmatch(r"\d+(\.\d*)?|\.\d+", self.think_time):
+            raise ConfigError(f"think_time must be zero, recorded or a factor >= 0, got {self.think_time!r}")
         from dualjax.core.policies import layerwise_conflict
         if (why := layerwise_conflict(self.policy, self.layerwise)) is not None:
             raise ConfigError(why)
@@ -212,7 +217,8 @@ class SimConfig(Settings):
 
     cluster: ClusterSpec = setting(None, "PpDd in nodes", parse=str, factory=lambda: ClusterSpec(2, 4))
     model: str = setting("deepseek-v3.2", "deepseek-v3.2 or a model preset")
-    workload: str = setting("paper-64k", "a workload preset or a trajectory file *.jsonl")
+    workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl or "
+                            "sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
     hardware: str = setting("paper-h800", "paper-h800, oracle, local (from `dualjax calibrate`) or a profile JSON "
                             "file")
     window_s: float = setting(1.0, "storage-NIC balance and bandwidth plot window, s", cli=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 STREAMS = ("turn-lengths", "turn-tokens", "arrivals", "think-time", "simulator", "trajectory-file",
-           "trace-blocks", "random-policy", "trace-jitter")
+           "trace-blocks", "random-policy", "trace-jitter", "session-blocks", "session-sample")
 
 
 def stream(name: str, seed: int, *keys: int) -> np.random.Generator:

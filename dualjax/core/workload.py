@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 
+from dualjax.core import sessions
 from dualjax.core.streams import stream
 
 PAPER_SLO = (4.0, 0.050)  # (TTFT s, TPOT s): the paper's online SLO, the default of every workload
@@ -96,6 +97,10 @@ def get_workload(name: str, **overrides) -> WorkloadSpec:
 class Turn:
     append: np.ndarray  # [A] int32 token ids
     gen_len: int
+    # A recorded session's turn (`dualjax.core.sessions`) gives its whole prompt, sent as is instead of
+    # context + append (`append` is then its tokens past the trace's hit), and its recorded pause.
+    prompt: np.ndarray | None = None  # [S] int32 token ids
+    pause_s: float | None = None  # seconds after the previous turn completes (None: the agent's think_s)
 
 
 def turn_lengths(spec: WorkloadSpec, agent: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -254,8 +259,10 @@ def slo_for(name: str) -> tuple[float, float]:
 
 
 def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,
-                  aps: float | None = None) -> list[Agent]:
-    """A preset name, a trajectory file (*.jsonl) or `mooncake:PATH[:LIMIT]`."""
+                  aps: float | None = None, think_time: str = "zero") -> list[Agent]:
+    """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT]` or `sessions:PATH[:LIMIT[:SCALE]]`."""
+    if name.startswith("sessions:"):
+        return session_agents(name, vocab, seed, agents, aps, think_time)
     if name.startswith("mooncake:"):
         parts = name.split(":")
         return mooncake_trace(parts[1], vocab, limit=int(parts[2]) if len(parts) > 2 else agents, seed=seed,
@@ -267,4 +274,39 @@ def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = Non
 
 def max_context(agents: list[Agent]) -> int:
     """Longest context (prompt + generation) any agent reaches: sizes the decode cache."""
-    return max(sum(len(t.append) + t.gen_len for t in a.turns) for a in agents)
+    longest = 0
+    for a in agents:
+        ctx = 0
+        for t in a.turns:
+            ctx = (len(t.prompt) if t.prompt is not None else ctx + len(t.append)) + t.gen_len
+            longest = max(longest, ctx)
+    return longest
+
+
+def trace_hits(agents: list[Agent], block_tokens: int) -> dict:
+    """report.json's `trace_hit_rate` keys for recorded sessions (`sessions.hit_summary`); {} otherwise."""
+    turns = [t for a in agents for t in a.turns if t.prompt is not None]
+    if not turns:
+        return {}
+    return sessions.hit_summary([np.array([len(t.prompt) for t in turns])],
+                                [np.array([len(t.prompt) - len(t.append) for t in turns])], block_tokens)
+
+
+def session_agents(name: str, vocab: int, seed: int = 0, agents: int | None = None, aps: float | None = None,
+                   think_time: str = "zero") -> list[Agent]:
+    """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`: recorded agentic sessions, one agent each
+    (`dualjax.core.sessions`); `agents` takes the first sessions, or samples them when it is larger."""
+    try:
+        spec = sessions.parse_spec(name)
+        arrivals = None if aps is None else (lambda n: start_times(n, seed, aps))
+        table = sessions.session_table(spec, agents, seed, think_time, arrivals)
+        loaded = sessions.load_sessions(spec.path, spec.limit)
+    except sessions.SessionError as e:
+        raise WorkloadError(str(e)) from None
+    out = []
+    for a, (i, copy) in enumerate(zip(table.session.tolist(), table.copy.tolist())):
+        prompts = sessions.session_prompts(loaded[i], copy, vocab, spec.scale, seed)
+        turns = [Turn(p[h:], int(g), p, float(z)) for p, h, g, z in
+                 zip(prompts, table.hit[a].tolist(), table.gen[a].tolist(), table.pause[a].tolist())]
+        out.append(Agent(float(table.start[a]), turns))
+    return out

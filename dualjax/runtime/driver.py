@@ -42,7 +42,8 @@ class Driver:
         self.agents = agents
         c = cfg.cluster  # one engine per host: a host is its own node
         self.scheduler = Scheduler(policy, thresholds, [EngineView(r, "prefill", r) for r in c.prefill_ranks] +
-                                   [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks])
+                                   [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks],
+                                   naive=cfg.scheduler == "naive")
         self.context = [np.zeros(0, np.int32) for _ in agents]
         self.waiting = Waiting()
         self.requests: dict[int, Request] = {}
@@ -54,7 +55,7 @@ class Driver:
     # -- requests ----------------------------------------------------------------------------------
     def _submit(self, agent: int, turn: int) -> None:
         step = self.agents[agent].turns[turn]
-        prompt = np.concatenate([self.context[agent], step.append])
+        prompt = step.prompt if step.prompt is not None else np.concatenate([self.context[agent], step.append])
         req = Request(next(self.ids), agent, turn, prompt, step.gen_len, time.time())
         hit = 0
         if self.store is not None:
@@ -85,8 +86,9 @@ class Driver:
         agent, turn = rec["agent"], rec["turn"]
         self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])
         if turn + 1 < len(self.agents[agent].turns):
-            think = self.agents[agent].think_s
-            pause = stream("think-time", self.cfg.workload_seed, agent, turn).exponential(think) if think else 0.0
+            think, pause = self.agents[agent].think_s, self.agents[agent].turns[turn + 1].pause_s
+            if pause is None:
+                pause = stream("think-time", self.cfg.workload_seed, agent, turn).exponential(think) if think else 0.0
             heapq.heappush(self.timers, (time.time() + pause, agent, turn + 1))
         return rec
 
@@ -113,10 +115,9 @@ class Driver:
                     self._complete(msg)
                     done += 1
                     bar.update()
-                elif isinstance(msg, PrefillFinished):  # the miss tokens leave the PE's load
+                elif isinstance(msg, PrefillFinished):  # the request's tokens leave the PE's load
                     rec = self.records[msg.request_id]
-                    self.scheduler.update(rec["pe"], -1, rec["planned_hit_blocks"] * self.layout.block_tokens -
-                                          rec["prompt_tokens"])
+                    self.scheduler.update(rec["pe"], -1, -rec["prompt_tokens"])
                 elif isinstance(msg, EngineState):
                     self.scheduler.set_read_queue(msg.rank, msg.read_q_tokens)
                 else:

@@ -18,8 +18,8 @@ import threading
 import models
 from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, get_policy
+from dualjax.core.workload import load_workload, slo_for, trace_hits
 from dualjax.outputs import write_run
-from dualjax.core.workload import load_workload, slo_for
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
 from dualjax.runtime.prefill_host import PrefillHost
@@ -41,13 +41,15 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     store = open_store(cfg)
     layout = run_layout(cfg)
     policy = policy or get_policy(cfg.policy)
-    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
+                           cfg.think_time)
     th = thresholds(cfg)
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
     records, hosts = driver.run()
     return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload),
-                     {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model)})
+                     {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model),
+                      **trace_hits(agents, cfg.block_tokens)})
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:
@@ -89,7 +91,7 @@ def check_run(cfg: RunConfig) -> None:
     model_cfg = models.get_config(cfg.model)
     layout = run_layout(cfg)
     get_policy(cfg.policy)
-    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps, cfg.think_time)
     HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     HostBuffer("DE", int(cfg.de_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     open_store(cfg)

@@ -1,0 +1,269 @@
+"""Recorded agentic coding sessions as a workload: `sessions:PATH[:LIMIT[:LENGTH_SCALE]]`.
+
+The files are `../shared/traces/agentic-coding/trace_*.json.gz` (traces/README.md §2.4): one
+session per file, per request its input and output token counts, one hash id per full 64-token
+block of the input (`len(hash_ids) == in // 64`; the last `in % 64` tokens are not hashed) and its
+time in the session. Each session is an agent and each request a turn:
+
+* a turn's prompt is its blocks' tokens: the tokens of a block are deterministic in (session,
+  copy, hash id), so equal ids share KV through the store's chained block hashes and different
+  sessions (or copies of one) share nothing; the unhashed tail is fresh tokens of that request
+  (a trace that hashes a partial last block, Mooncake-style, gets that block's leading tokens);
+* it generates `out` tokens; the next prompt is the trace's, not the model's output appended,
+  so the KV of generated tokens is written back but never hit (as in the trace, whose next
+  request re-renders the output into new blocks);
+* pauses: `recorded` waits each request's recorded tool/user time (`think_time`, else the gap
+  between requests less the previous API time) after the previous turn completes, `zero` is the
+  paper's rule, a number scales the recorded pauses;
+* `LENGTH_SCALE` shrinks every block, tail and output by the same factor (blocks keep their ids,
+  so the hit structure is unchanged; with `--block-tokens` = round(64 x scale) the runtime's
+  blocks are the trace's);
+* more agents than sessions sample sessions with replacement (PAPER.md §6 does this for its own
+  trajectories); a copy has its own tokens and, offline, starts up to one recorded turn late.
+
+`trace_hit_rate` is the traces/README §4 token hit rate (unbounded per-session cache, arrival
+order, longest leading run of seen ids) of the requests replayed, at their replayed lengths.
+NumPy only; the simulator takes `session_table` (lengths, hits and pauses, no tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import gzip
+import json
+import os
+import zlib
+
+import numpy as np
+
+from dualjax.core.streams import stream
+
+SESSION_BLOCK = 64  # tokens per hash id in the agentic-coding traces
+PAUSES = ("recorded", "zero")
+
+
+class SessionError(ValueError):
+    """A bad session file or spec; `dualjax.core.workload` re-raises it as a WorkloadError."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One recorded session: per request (R of them) its lengths, hash ids and pause before it."""
+
+    name: str
+    block: int
+    inputs: np.ndarray  # [R] prompt tokens
+    outputs: np.ndarray  # [R] generated tokens
+    ids: tuple[np.ndarray, ...]  # R arrays of block hash ids (local to the session)
+    pauses: np.ndarray  # [R] seconds between the previous request's end and this one's start (0 first)
+    api_s: np.ndarray  # [R] recorded response time (0 where not recorded)
+
+    @property
+    def key(self) -> int:
+        return zlib.crc32(self.name.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionSpec:
+    path: str
+    limit: int | None = None
+    scale: float = 1.0
+
+
+def parse_spec(name: str) -> SessionSpec:
+    """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]` -> SessionSpec; raises SessionError."""
+    parts = name.split(":")
+    if parts[0] != "sessions" or len(parts) < 2 or not parts[1] or len(parts) > 4:
+        raise SessionError(f"expected sessions:PATH[:LIMIT[:LENGTH_SCALE]], got {name!r}")
+    try:
+        limit = int(parts[2]) if len(parts) > 2 and parts[2] else None
+        scale = float(parts[3]) if len(parts) > 3 else 1.0
+    except ValueError as e:
+        raise SessionError(f"{name!r}: LIMIT must be an integer and LENGTH_SCALE a number ({e})") from None
+    if (limit is not None and limit < 1) or not 0 < scale <= 1:
+        raise SessionError(f"{name!r}: LIMIT must be >= 1 and 0 < LENGTH_SCALE <= 1")
+    return SessionSpec(parts[1], limit, scale)
+
+
+def pause_factor(think_time: str) -> float:
+    """`recorded` -> 1, `zero` -> 0, a non-negative number -> itself (a factor on recorded pauses)."""
+    if think_time in PAUSES:
+        return 1.0 if think_time == "recorded" else 0.0
+    try:
+        factor = float(think_time)
+    except ValueError:
+        factor = -1.0
+    if not factor >= 0:
+        raise SessionError(f"think time must be recorded, zero or a factor >= 0, got {think_time!r}")
+    return factor
+
+
+def session_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "*.json.gz")) + glob.glob(os.path.join(path, "*.json")))
+        if not files:
+            raise SessionError(f"{path}: no *.json or *.json.gz session files")
+        return files
+    if not os.path.exists(path):
+        raise SessionError(f"{path}: no such file or directory")
+    return [path]
+
+
+@functools.lru_cache(maxsize=8)
+def load_sessions(path: str, limit: int | None = None) -> tuple[Session, ...]:
+    """The first `limit` sessions of a directory (sorted by file name) or one file."""
+    return tuple(read_session(f) for f in session_files(path)[:limit])
+
+
+def read_session(path: str) -> Session:
+    """One session file, gzipped or not. Raises SessionError naming the file and the line or request."""
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise SessionError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise SessionError(f"{path}: cannot read: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("requests"), list) or not d["requests"]:
+        raise SessionError(f"{path}: expected an object with a non-empty list 'requests'")
+    block = d.get("block_size", SESSION_BLOCK)
+    if not isinstance(block, int) or block < 1:
+        raise SessionError(f"{path}: block_size must be a positive integer, got {block!r}")
+    rows = []
+    for i, r in enumerate(d["requests"]):
+        try:
+            rows.append(_request(r, block))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SessionError(f"{path}: request {i}: {e}") from None
+    t = np.array([r[3] for r in rows])
+    if np.any(np.diff(t) < 0):
+        raise SessionError(f"{path}: request {int(np.argmax(np.diff(t) < 0)) + 1}: time 't' goes backwards")
+    api = np.array([r[5] for r in rows])
+    gaps = np.maximum(0.0, np.diff(t, prepend=t[0]) - np.roll(api, 1))
+    pauses = np.array([r[4] if r[4] is not None else g for r, g in zip(rows, gaps)])
+    pauses[0] = 0.0
+    return Session(str(d.get("id") or os.path.basename(path)), block, np.array([r[0] for r in rows], np.int64),
+                   np.array([r[1] for r in rows], np.int64), tuple(r[2] for r in rows), pauses, api)
+
+
+def _request(r: dict, block: int) -> tuple:
+    n_in, n_out, ids = r["in"], r["out"], r["hash_ids"]
+    if not isinstance(n_in, int) or n_in < 1 or not isinstance(n_out, int) or n_out < 1:
+        raise ValueError(f"'in' and 'out' must be positive integers, got {n_in!r}, {n_out!r}")
+    if not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids):
+        raise ValueError("'hash_ids' must be a list of non-negative integers")
+    if len(ids) not in (n_in // block, -(-n_in // block)):
+        raise ValueError(f"{len(ids)} hash ids for {n_in} tokens: expected {n_in // block} (full {block}-token "
+                         f"blocks) or {-(-n_in // block)} (a partial last block too)")
+    think = r.get("think_time")
+    if think is not None and (not isinstance(think, (int, float)) or think < 0):
+        raise ValueError(f"'think_time' must be a number >= 0, got {think!r}")
+    t, api = float(r["t"]), float(r.get("api_time") or 0.0)
+    return n_in, n_out, np.asarray(ids, np.int64), t, think, api
+
+
+# -- lengths and hits (what the simulator needs) ------------------------------------------------------
+
+def block_sizes(s: Session, k: int, scale: float = 1.0) -> tuple[np.ndarray, int]:
+    """(tokens of each hashed block, tokens of the unhashed tail) of request k at `scale`."""
+    n_in, ids = int(s.inputs[k]), s.ids[k]
+    full = min(len(ids), n_in // s.block)
+    b = max(1, round(s.block * scale))
+    sizes = np.full(len(ids), b, np.int64)
+    rest = n_in - s.block * full
+    if len(ids) > full:  # a hashed partial last block
+        sizes[-1], rest = max(1, round(rest * scale)), 0
+    return sizes, round(rest * scale) if len(ids) else max(1, round(rest * scale))
+
+
+def session_hits(s: Session, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens, hit tokens) per request: traces/README §4, an unbounded cache of every id
+    seen earlier in the session; a request reuses its longest leading run of seen ids."""
+    seen: set[int] = set()
+    prompt, hit = np.zeros(len(s.inputs), np.int64), np.zeros(len(s.inputs), np.int64)
+    for k, ids in enumerate(s.ids):
+        sizes, tail = block_sizes(s, k, scale)
+        new = [h not in seen for h in ids.tolist()] + [True]
+        run = new.index(True)
+        prompt[k], hit[k] = sizes.sum() + tail, sizes[:run].sum()
+        seen.update(ids.tolist())
+    return prompt, hit
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionTable:
+    """Per agent (a session or a sampled copy of one), per turn: prompt and trace-hit tokens,
+    generated tokens and the pause before the turn; and each agent's session, copy and start."""
+
+    session: np.ndarray  # [A] index into the loaded sessions
+    copy: np.ndarray  # [A] 0 for the first use of a session, else the agent id
+    start: np.ndarray  # [A] seconds
+    prompt: list[np.ndarray]
+    hit: list[np.ndarray]
+    gen: list[np.ndarray]
+    pause: list[np.ndarray]
+
+    @property
+    def trace_hit_rate(self) -> float:
+        return float(sum(h.sum() for h in self.hit) / sum(p.sum() for p in self.prompt))
+
+
+def session_table(spec: SessionSpec, agents: int | None = None, seed: int = 0, think_time: str = "zero",
+                  arrivals=None) -> SessionTable:
+    """The agents of a session workload: each loaded session once, then (agents > sessions) sessions
+    drawn with replacement. Offline (`arrivals` None), a copy starts at a uniform offset within its
+    session's first recorded turn (response + pause); online, `arrivals(n)` gives the n start times."""
+    sessions = load_sessions(spec.path, spec.limit)
+    factor = pause_factor(think_time)
+    n = agents or len(sessions)
+    extra = stream("session-sample", seed).integers(0, len(sessions), max(0, n - len(sessions)))
+    which = np.concatenate([np.arange(min(n, len(sessions))), extra]).astype(np.int64)
+    copy = np.where(np.arange(n) < len(sessions), 0, np.arange(n))
+    if arrivals is not None:
+        start = np.asarray(arrivals(n), float)
+    else:
+        rng = stream("session-sample", seed, 1)
+        span = [sessions[i].api_s[0] + factor * (sessions[i].pauses[1] if len(sessions[i].pauses) > 1 else 0.0)
+                for i in which]
+        start = np.where(copy > 0, rng.uniform(0, 1, n) * np.array(span), 0.0)
+    lengths = {i: session_hits(sessions[i], spec.scale) for i in set(which.tolist())}
+    gen = {i: np.maximum(1, np.round(sessions[i].outputs * spec.scale)).astype(np.int64) for i in lengths}
+    return SessionTable(which, copy, start, [lengths[i][0] for i in which], [lengths[i][1] for i in which],
+                        [gen[i] for i in which], [sessions[i].pauses * factor for i in which])
+
+
+# -- tokens (what a real run needs) ---------------------------------------------------------------
+
+def session_prompts(s: Session, copy: int, vocab: int, scale: float = 1.0, seed: int = 0) -> list[np.ndarray]:
+    """The prompt token ids of every request of `s`: a block's tokens depend only on (seed, session,
+    copy, hash id, scale), the tail's on the request."""
+    b = max(1, round(s.block * scale))
+    top = max((int(ids.max()) for ids in s.ids if len(ids)), default=0) + 1
+    table = stream("session-blocks", seed, s.key, copy).integers(0, vocab, (top + len(s.inputs), b), dtype=np.int32)
+    prompts = []
+    for k, ids in enumerate(s.ids):
+        sizes, tail = block_sizes(s, k, scale)
+        parts = [table[ids[:len(ids) - 1]].ravel()] if len(ids) else []
+        if len(ids):
+            parts.append(table[ids[-1], :sizes[-1]])
+        parts.append(table[top + k, :tail])  # tail <= b: fewer tokens than a block
+        prompts.append(np.concatenate(parts))
+    return prompts
+
+
+HIT_GAP = ("hit_rate is below trace_hit_rate because the store hits whole --block-tokens blocks (trace blocks "
+           "of round(64 x LENGTH_SCALE) tokens that do not fill one are recomputed, as is the unhashed tail), one "
+           "prompt token is always computed, and the store is bounded (LRU eviction, blocks not yet written or "
+           "bad are misses); trace_hit_rate_at_block is the most an unbounded store of the run's block size can "
+           "hit. Both count every session's first turn as a miss.")
+
+
+def hit_summary(prompts: list[np.ndarray], hits: list[np.ndarray], block_tokens: int) -> dict:
+    """report.json's trace hit keys: the trace's own token hit rate (unbounded cache, hash ids) and
+    the same rounded down to whole `block_tokens` blocks with one prompt token left to compute."""
+    p, h = np.concatenate(prompts), np.concatenate(hits)
+    at_block = np.minimum(h, p - 1) // block_tokens * block_tokens
+    return {"trace_hit_rate": float(h.sum() / p.sum()), "trace_hit_rate_at_block": float(at_block.sum() / p.sum()),
+            "trace_hit_gap": HIT_GAP}

@@ -1,0 +1,121 @@
+"""Recorded agentic sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`): the 30 files parse and give the
+hit rate traces/README §4 states; equal hash ids are equal tokens and sessions share nothing; bad
+files are rejected with their place; a real run gives the no-store reference's tokens."""
+
+import gzip
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dualjax.cli.verify import tokens_of
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.sessions import SessionSpec, load_sessions, session_hits, session_prompts, session_table
+from dualjax.core.workload import WorkloadError, load_workload
+from dualjax.runtime.launch import run_embedded
+from kvstore import BlockLayout, block_chain
+
+TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "agentic-coding")
+SMALL = ("trace_0536.json.gz", "trace_0222.json.gz")  # 4 and 8 requests, contexts up to 113k and 162k tokens
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """A directory with two short sessions, one gzipped and one plain JSON."""
+    d = tmp_path_factory.mktemp("sessions")
+    shutil.copy(os.path.join(TRACES, SMALL[0]), d / SMALL[0])
+    (d / "trace_0222.json").write_bytes(gzip.open(os.path.join(TRACES, SMALL[1])).read())
+    return str(d)
+
+
+def test_the_30_sessions_give_the_readme_statistics():
+    sessions = load_sessions(TRACES)
+    assert len(sessions) == 30 and sum(len(s.inputs) for s in sessions) == 1854
+    prompt, hit = map(np.concatenate, zip(*(session_hits(s) for s in sessions)))
+    assert abs(hit.sum() / prompt.sum() - 0.959) < 5e-4  # token hit, unbounded, 64-token blocks
+    hashed = np.concatenate([[s.block * len(ids) for ids in s.ids] for s in sessions])
+    assert round(prompt.mean()) == 134_521  # README's "new tokens" (p50 576, mean 5,541) leave out the unhashed tail
+    assert np.median(hashed - hit) == 576 and round((hashed - hit).mean()) == 5_541
+    pauses = np.concatenate([s.pauses[1:] for s in sessions])  # tool/user time: p50 12 s, up to 11 h
+    assert np.median(prompt) == 109_090 and np.median(pauses) == 12 and pauses.min() >= 0
+    assert session_table(_spec(TRACES)).trace_hit_rate == pytest.approx(hit.sum() / prompt.sum())
+
+
+def _spec(path, limit=None, scale=1.0):
+    return SessionSpec(path, limit, scale)
+
+
+def test_equal_ids_are_equal_tokens_and_sessions_share_nothing(two):
+    a, b = load_sessions(two)
+    layout = BlockLayout(n_layers=1, record_shape=(2, 1, 8), format="m", block_tokens=16)
+    pa, pb, pa1 = (session_prompts(s, c, 256, scale=0.25) for s, c in ((a, 0), (b, 0), (a, 1)))
+    _, hits = session_hits(a, 0.25)
+    assert [len(p) for p in pa] == session_hits(a, 0.25)[0].tolist()
+    for k in range(1, len(pa)):  # the trace's hit blocks (16 tokens at scale 1/4) are the earlier prompt's
+        n = hits[k] // 16
+        assert n > 0 and np.array_equal(pa[k][:hits[k]], pa[k - 1][:hits[k]])
+        assert [x.hash for x in block_chain(pa[k], layout)[:n]] == [x.hash for x in block_chain(pa[k - 1], layout)[:n]]
+        assert not np.array_equal(pa[k][hits[k]:hits[k] + 16], pa[k - 1][hits[k]:hits[k] + 16])
+    chains = [{x.hash for p in ps for x in block_chain(p, layout)} for ps in (pa, pb, pa1)]
+    assert not chains[0] & chains[1] and not chains[0] & chains[2]  # other session, other copy: nothing shared
+
+
+def _write(tmp_path, text, name="bad.json"):
+    path = tmp_path / name
+    path.write_text(text)
+    return f"sessions:{path}"
+
+
+def _ok():
+    return {"t": 0.0, "in": 130, "out": 5, "hash_ids": [1, 2], "think_time": 0.0}
+
+
+@pytest.mark.parametrize("body,reason", [
+    ('{"requests": [\n  {"t": 0,, }]}', r"bad.json:2:\d+: not JSON"),
+    (json.dumps({"requests": []}), "non-empty list 'requests'"),
+    (json.dumps({"requests": [_ok(), {**_ok(), "in": 0}]}), "request 1: 'in' and 'out' must be positive"),
+    (json.dumps({"requests": [{**_ok(), "hash_ids": [1, 2, 3, 4]}]}), "request 0: 4 hash ids for 130 tokens"),
+    (json.dumps({"requests": [_ok(), {**_ok(), "t": -1.0}]}), "request 1: time 't' goes backwards"),
+    (json.dumps({"requests": [{k: v for k, v in _ok().items() if k != "out"}]}), "request 0: 'out'"),
+])
+def test_a_bad_session_file_is_rejected_with_its_place(tmp_path, body, reason):
+    with pytest.raises(WorkloadError, match=reason):
+        load_workload(_write(tmp_path, body), 256)
+
+
+def test_bad_specs_and_gzip_are_rejected(tmp_path):
+    (tmp_path / "x.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(WorkloadError, match="x.json.gz: cannot read"):
+        load_workload(f"sessions:{tmp_path / 'x.json.gz'}", 256)
+    for spec, reason in ((f"sessions:{tmp_path}/none", "no such file"), ("sessions:" + TRACES + ":0", "LIMIT"),
+                         ("sessions:" + TRACES + ":1:2.0", "LENGTH_SCALE")):
+        with pytest.raises(WorkloadError, match=reason):
+            load_workload(spec, 256)
+
+
+def test_pauses_are_recorded_or_zero_and_extra_agents_are_sampled_copies(two):
+    (a, b), spec = load_sessions(two), _spec(two)
+    recorded = session_table(spec, think_time="recorded")
+    assert np.array_equal(recorded.pause[0], a.pauses) and a.pauses[0] == 0 and a.pauses[1:].min() > 0
+    assert not any(p.any() for p in session_table(spec, think_time="zero").pause)
+    agents = load_workload(f"sessions:{two}::0.01", 256, agents=5, think_time="0.5")
+    assert [len(x.turns) for x in agents[:2]] == [len(a.inputs), len(b.inputs)]
+    assert agents[0].turns[1].pause_s == pytest.approx(0.5 * a.pauses[1])
+    assert [x.start for x in agents[:2]] == [0, 0] and all(x.start > 0 for x in agents[2:])
+    same = [x for x in agents[2:] if len(x.turns) == len(agents[0].turns)]  # a copy: same lengths, other tokens
+    assert same and len(same[0].turns[2].prompt) == len(agents[0].turns[2].prompt)
+    assert not np.array_equal(same[0].turns[2].prompt, agents[0].turns[2].prompt)
+
+
+def test_an_embedded_run_gives_the_reference_tokens_and_states_the_trace_hit_rate(tmp_path, two):
+    base = RunConfig(ClusterSpec(1, 1), model="tiny", workload=f"sessions:{two}::0.01", block_tokens=16)
+    ref = run_embedded(base.replace(out=str(tmp_path / "ref"), use_store=False), progress=False)
+    report = run_embedded(base.replace(out=str(tmp_path / "run")), progress=False)
+    assert tokens_of(str(tmp_path / "run")) == tokens_of(str(tmp_path / "ref"))
+    assert ref["requests"] == report["requests"] == 12 and ref["hit_rate"] == 0
+    # scale 1/100: trace blocks of 1 token; the store hits whole 16-token blocks of the trace's hits
+    assert report["hit_rate"] == pytest.approx(report["trace_hit_rate_at_block"])
+    assert 0.5 < report["trace_hit_rate_at_block"] < report["trace_hit_rate"] < 0.9
+    assert "trace_hit_gap" in report
