@@ -11,7 +11,7 @@ import sys
 import types
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
-from models.config import PRESETS, ModelConfig, get_config
+from models.config import PRESETS, ModelConfig, RopeScaling, get_config
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
 
 _LAZY = {
@@ -24,7 +24,7 @@ _LAZY = {
     "make_mesh": "sharding", "param_shardings": "sharding", "shard_params": "sharding",
 }
 
-__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "get_config", "decode_flops",
+__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "RopeScaling", "get_config", "decode_flops",
            "kv_bytes_per_token", "prefill_flops", *_LAZY]
 
 

@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from safetensors import safe_open
 
-from models.config import ModelConfig
+from models.config import ModelConfig, RopeScaling
 from models.params import Params, abstract_params, check_params
 
 
@@ -41,11 +41,20 @@ def restore_checkpoint(path: str, shardings=None) -> tuple[ModelConfig, Params]:
             fields = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is not a dualjax checkpoint (no model_config.json)") from None
-    fields["rope_scaling"] = tuple(fields["rope_scaling"])
-    cfg = ModelConfig(**fields)
+    cfg = ModelConfig(**{**fields, "rope_scaling": _rope_scaling_field(fields.get("rope_scaling"))})
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
     return cfg, params
+
+
+def _rope_scaling_field(value) -> RopeScaling | None:
+    """`rope_scaling` as `model_config.json` holds it: an object of RopeScaling's fields or null (or, in
+    checkpoints written before RopeScaling, a list [factor, low, high, original_max] with factor 0 for off)."""
+    if isinstance(value, dict):
+        return RopeScaling(**value)
+    if isinstance(value, list) and value and value[0]:
+        return RopeScaling(*value)
+    return None
 
 
 _ARCHS = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # architecture -> default qkv bias
@@ -60,8 +69,8 @@ def hf_config(hf: dict, name: str = "hf") -> ModelConfig:
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if scaling and rope_type != "llama3":
         raise CheckpointError(f"unsupported rope_scaling {scaling}; only llama3 scaling is implemented")
-    rope = (float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
-            int(scaling["original_max_position_embeddings"])) if scaling else (0.0, 0.0, 0.0, 0)
+    rope = RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
+                       int(scaling["original_max_position_embeddings"])) if scaling else None
     dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(
         hf.get("torch_dtype", "float32"), "float32")
     return ModelConfig(
@@ -69,7 +78,8 @@ def hf_config(hf: dict, name: str = "hf") -> ModelConfig:
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         ffw=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
-        rope_theta=float(hf.get("rope_theta", 10000.0)), rope_scaling=rope, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(hf.get("rope_theta", 10000.0)), rope_scaling=rope,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=bool(hf.get("attention_bias", _ARCHS[arch])), tie_embeddings=bool(hf.get("tie_word_embeddings")),
         dtype=dtype)
 

@@ -12,7 +12,6 @@ import ml_dtypes
 import numpy as np
 
 
-# The model dtypes, as NumPy dtypes (JAX takes these directly; ml_dtypes is what jnp.bfloat16 is).
 class ModelConfigError(ValueError):
     """A bad model config or an unknown preset name; the message names the field or the presets."""
 
@@ -22,7 +21,27 @@ class UnknownPreset(ModelConfigError, KeyError):
         return self.args[0]
 
 
+# The one table of model dtypes, as NumPy dtypes (JAX takes these directly; ml_dtypes is what
+# jnp.bfloat16 is). Every dtype name in `models/` (configs, checkpoints, caches) is a key here.
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3 frequency scaling of RoPE (Hugging Face `rope_type: "llama3"`): wavelengths longer than
+    `original_max_position / low_freq_factor` are stretched by `factor`, those shorter than
+    `original_max_position / high_freq_factor` are kept, and the band between is interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
+
+    def __post_init__(self):
+        bands = 0 < self.low_freq_factor < self.high_freq_factor
+        if not (self.factor > 0 and bands and self.original_max_position > 0):
+            raise ModelConfigError(f"RopeScaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                                   f"original_max_position > 0, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +56,7 @@ class ModelConfig:
     ffw: int  # F
     max_seq_len: int
     rope_theta: float = 10000.0
-    # Llama 3 frequency scaling (factor, low_freq_factor, high_freq_factor, original_max);
-    # factor 0 disables it.
-    rope_scaling: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
+    rope_scaling: RopeScaling | None = None  # Llama 3 frequency scaling; None: plain RoPE
     norm_eps: float = 1e-6
     qkv_bias: bool = False
     tie_embeddings: bool = False
@@ -48,13 +65,17 @@ class ModelConfig:
     def __post_init__(self):
         for field in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffw", "max_seq_len"):
             if getattr(self, field) <= 0:
-                raise ModelConfigError(f"ModelConfig {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+                raise ModelConfigError(f"ModelConfig {self.name!r}: {field} must be positive, "
+                                       f"got {getattr(self, field)}")
         if self.n_heads % self.n_kv_heads:
             raise ModelConfigError(
                 f"ModelConfig {self.name!r}: n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"ModelConfig {self.name!r}: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ModelConfigError(f"ModelConfig {self.name!r}: rope_scaling must be a RopeScaling or None, "
+                                   f"got {self.rope_scaling!r}")
         if self.dtype not in DTYPES:
             raise ModelConfigError(f"ModelConfig {self.name!r}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
 
@@ -95,7 +116,7 @@ PRESETS: dict[str, ModelConfig] = {
     # Real shapes: used at full size only through jax.eval_shape and by cost models.
     "llama3.2-1b": ModelConfig("llama3.2-1b", vocab=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
                                head_dim=64, ffw=8192, max_seq_len=131072, rope_theta=500000.0,
-                               rope_scaling=(32.0, 1.0, 4.0, 8192), norm_eps=1e-5, tie_embeddings=True,
+                               rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), norm_eps=1e-5, tie_embeddings=True,
                                dtype="bfloat16"),
     "qwen2.5-0.5b": ModelConfig("qwen2.5-0.5b", vocab=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
                                 head_dim=64, ffw=4864, max_seq_len=32768, rope_theta=1000000.0, qkv_bias=True,

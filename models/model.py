@@ -24,8 +24,9 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     """Inverse RoPE frequencies [H/2], with Llama 3 scaling when `cfg.rope_scaling` is set."""
     H = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, H, 2, dtype=np.float64) / H))
-    factor, low, high, orig = cfg.rope_scaling
-    if factor:
+    if cfg.rope_scaling is not None:
+        s = cfg.rope_scaling
+        factor, low, high, orig = s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
         wavelen = 2 * np.pi / inv
         smooth = np.clip((orig / wavelen - low) / (high - low), 0.0, 1.0)
         scaled = np.where(wavelen > orig / low, inv / factor, inv)

@@ -16,7 +16,7 @@ import numpy as np
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.config import ModelConfig
-from models.model import forward_jit, embed, forward_layer, head
+from models.model import embed, forward_jit, forward_layer, head
 from models.params import Params
 
 

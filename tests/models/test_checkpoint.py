@@ -66,6 +66,19 @@ def test_orbax_round_trip_is_exact(tiny, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_orbax_round_trip_keeps_rope_scaling(tmp_path):
+    cfg = models.get_config("tiny", rope_theta=5e5, rope_scaling=models.RopeScaling(8.0, 1.0, 4.0, 64))
+    models.save_checkpoint(str(tmp_path / "ckpt"), models.init_params(cfg), cfg)
+    stored = json.loads((tmp_path / "ckpt" / "model_config.json").read_text())
+    assert stored["rope_scaling"] == {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position": 64}
+    assert models.restore_checkpoint(str(tmp_path / "ckpt"))[0] == cfg
+    # A checkpoint written before RopeScaling held a 4-list with factor 0 for "off".
+    for old, want in (([0.0, 0.0, 0.0, 0], None), ([8.0, 1.0, 4.0, 64], cfg.rope_scaling)):
+        (tmp_path / "ckpt" / "model_config.json").write_text(json.dumps({**stored, "rope_scaling": old}))
+        assert models.restore_checkpoint(str(tmp_path / "ckpt"))[0].rope_scaling == want
+
+
 @pytest.mark.parametrize("arch,bias,tied", [("LlamaForCausalLM", False, False), ("Qwen2ForCausalLM", True, True)])
 def test_load_hf_gives_the_same_logits(tmp_path, rng, arch, bias, tied):
     cfg = models.get_config("tiny", qkv_bias=bias, tie_embeddings=tied, rope_theta=1e6)

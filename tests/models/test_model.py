@@ -140,6 +140,38 @@ def test_real_presets_parameter_counts_by_eval_shape(name, count):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(shapes))
 
 
+def _llama3_inv_freq(theta, H, factor, low, high, orig):
+    """Llama 3 scaling written out frequency by frequency, as Hugging Face's `_compute_llama3_parameters`."""
+    out = []
+    for i in range(0, H, 2):
+        f = 1.0 / theta ** (i / H)
+        wavelen = 2 * np.pi / f
+        if wavelen < orig / high:
+            out.append(f)
+        elif wavelen > orig / low:
+            out.append(f / factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out, np.float32)
+
+
+def test_rope_scaling_is_llama3_and_none_is_plain_rope():
+    from models.model import rope_inv_freq
+    cfg = models.get_config("llama3.2-1b")
+    s = cfg.rope_scaling
+    want = _llama3_inv_freq(cfg.rope_theta, cfg.head_dim, s.factor, s.low_freq_factor, s.high_freq_factor,
+                            s.original_max_position)
+    np.testing.assert_allclose(rope_inv_freq(cfg), want, rtol=1e-6)
+    plain = rope_inv_freq(cfg.replace(rope_scaling=None))
+    np.testing.assert_allclose(plain, 1.0 / cfg.rope_theta ** (np.arange(0, 64, 2) / 64), rtol=1e-6)
+    assert (rope_inv_freq(cfg) <= plain).all() and (rope_inv_freq(cfg) < plain).any()
+    with pytest.raises(models.config.ModelConfigError, match="rope_scaling must be a RopeScaling"):
+        cfg.replace(rope_scaling=(32.0, 1.0, 4.0, 8192))
+    with pytest.raises(models.config.ModelConfigError, match="low_freq_factor < high_freq_factor"):
+        models.RopeScaling(8.0, 4.0, 1.0, 8192)
+
+
 def test_unknown_preset_lists_presets():
     with pytest.raises(KeyError, match="tiny"):
         models.get_config("gpt-5")
