@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from safetensors import safe_open
 
-from models.config import ModelConfig, RopeScaling
+from models.config import DTYPES, ModelConfig, RopeScaling
 from models.params import Params, abstract_params, check_params
 
 
@@ -58,28 +58,60 @@ def _rope_scaling_field(value) -> RopeScaling | None:
 
 
 _ARCHS = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # architecture -> default qkv bias
+ROPE_TYPES = ("default", "llama3")  # the Hugging Face rope types the dense family implements
 
 
-def hf_config(hf: dict, name: str = "hf") -> ModelConfig:
-    """Map a Hugging Face `config.json` dict to a ModelConfig."""
+def hf_rope(hf: dict) -> tuple[float, dict, str]:
+    """(theta, scaling, field) of a `config.json` in either layout: top-level `rope_theta` and
+    `rope_scaling` (transformers 4.x), or one `rope_parameters` dict holding `rope_theta`, `rope_type`
+    and the type's own fields (5.x; it wins when both are present). `scaling` always names its
+    `rope_type` ("default": plain RoPE); `field` is where it came from, for error messages.
+    Raises CheckpointError for per-layer-type rope_parameters (a dict of dicts)."""
+    params = hf.get("rope_parameters")
+    if params:
+        if any(isinstance(v, dict) for v in params.values()):
+            raise CheckpointError(f"config.json: rope_parameters per layer type ({sorted(params)}) are not "
+                                  "implemented; one rope_parameters dict is")
+        scaling, field = dict(params), "rope_parameters"
+    else:
+        scaling, field = dict(hf.get("rope_scaling") or {}), "rope_scaling"
+    theta = float(scaling.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    scaling["rope_type"] = scaling.pop("rope_type", scaling.pop("type", "default"))
+    return theta, scaling, field
+
+
+def _llama_rope(hf: dict) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) of a Llama/Qwen2 config; refuses a rope type not in ROPE_TYPES, naming it."""
+    theta, scaling, field = hf_rope(hf)
+    kind = scaling["rope_type"]
+    if kind not in ROPE_TYPES:
+        raise CheckpointError(f"config.json: {field}.rope_type {kind!r} is not implemented for "
+                              f"{'/'.join(_ARCHS)}; implemented: {', '.join(ROPE_TYPES)}")
+    if kind == "default":
+        return theta, None
+    try:
+        return theta, RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                                  float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+    except KeyError as e:
+        raise CheckpointError(f"config.json: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from None
+
+
+def hf_config(hf: dict, name: str = "hf", dtype: str | None = None) -> ModelConfig:
+    """Map a Hugging Face `config.json` dict to a ModelConfig (params in `dtype`, default the file's
+    `dtype` / `torch_dtype`, else float32). Raises CheckpointError naming an unsupported field."""
     arch = (hf.get("architectures") or ["?"])[0]
     if arch not in _ARCHS:
         raise CheckpointError(f"unsupported architecture {arch!r}; supported: {sorted(_ARCHS)}")
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    if scaling and rope_type != "llama3":
-        raise CheckpointError(f"unsupported rope_scaling {scaling}; only llama3 scaling is implemented")
-    rope = RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
-                       int(scaling["original_max_position_embeddings"])) if scaling else None
-    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(
-        hf.get("torch_dtype", "float32"), "float32")
+    dtype = dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32"
+    if dtype not in DTYPES:
+        raise CheckpointError(f"config.json: dtype {dtype!r} is not one of {sorted(DTYPES)}; pass dtype= to load it")
+    theta, scaling = _llama_rope(hf)
     return ModelConfig(
         name=name, vocab=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         ffw=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
-        rope_theta=float(hf.get("rope_theta", 10000.0)), rope_scaling=rope,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=scaling, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=bool(hf.get("attention_bias", _ARCHS[arch])), tie_embeddings=bool(hf.get("tie_word_embeddings")),
         dtype=dtype)
 
@@ -117,11 +149,10 @@ def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
     """
     try:
         with open(os.path.join(path, "config.json")) as f:
-            cfg = hf_config(json.load(f), name=os.path.basename(os.path.normpath(path)))
+            hf = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no config.json; expected a Hugging Face checkpoint directory") from None
-    if dtype:
-        cfg = cfg.replace(dtype=dtype)
+    cfg = hf_config(hf, name=os.path.basename(os.path.normpath(path)), dtype=dtype)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors files")
@@ -143,4 +174,4 @@ def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
     return cfg, params
 
 
-__all__ = ["CheckpointError", "save_checkpoint", "restore_checkpoint", "hf_config", "load_hf"]
+__all__ = ["CheckpointError", "ROPE_TYPES", "save_checkpoint", "restore_checkpoint", "hf_config", "hf_rope", "load_hf"]

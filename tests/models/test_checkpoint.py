@@ -32,7 +32,8 @@ def _hf_tensors(cfg, params):
     return out
 
 
-def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None):
+def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None, config=None):
+    """A Hugging Face checkpoint directory of `params`; `config` entries replace config.json's (None: drop)."""
     tensors = _hf_tensors(cfg, params)
     if drop:
         del tensors[drop]
@@ -54,6 +55,7 @@ def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None):
           "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffw,
           "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
           "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32"}
+    hf = {k: v for k, v in {**hf, **(config or {})}.items() if v is not None}
     (path / "config.json").write_text(json.dumps(hf))
 
 
@@ -120,3 +122,53 @@ def test_load_hf_matches_transformers_when_installed(tmp_path, rng):
     want = hf(torch.tensor(tokens)).logits.detach().numpy()
     cfg2, loaded = models.load_hf(str(tmp_path))
     np.testing.assert_allclose(models.reference_logits(loaded, cfg2, tokens), want, rtol=1e-4, atol=1e-4)
+
+
+def _transformers_logits(path, tokens):
+    """Logits of `transformers`' own model of the checkpoint at `path`, or None when it is not installed."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    with torch.no_grad():
+        return hf(torch.tensor(tokens)).logits.numpy()
+
+
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
+def test_load_hf_reads_theta_from_rope_parameters(tmp_path, rng, scaling):
+    """transformers 5.x layout: theta (and Llama 3 scaling) only in `rope_parameters`."""
+    rope = models.RopeScaling(8.0, 1.0, 4.0, 64) if scaling else None
+    cfg = models.get_config("tiny", rope_theta=500000.0, rope_scaling=rope)
+    params = models.init_params(cfg, seed=7)
+    parameters = {"rope_theta": 500000.0, "rope_type": "llama3" if scaling else "default", **(scaling or {})}
+    _write_hf(tmp_path, cfg, params, "LlamaForCausalLM", shards=1,
+              config={"rope_theta": None, "rope_parameters": parameters})
+    cfg2, loaded = models.load_hf(str(tmp_path))
+    assert (cfg2.rope_theta, cfg2.rope_scaling) == (500000.0, rope)
+    tokens = rng.integers(0, cfg.vocab, (1, 100))
+    got = models.reference_logits(loaded, cfg2, tokens)
+    np.testing.assert_array_equal(got, models.reference_logits(params, cfg, tokens))
+    default_theta = models.reference_logits(params, cfg.replace(rope_theta=10000.0, rope_scaling=None), tokens)
+    assert np.abs(got - default_theta).max() > 1e-3  # theta really changes the logits: the check has teeth
+    want = _transformers_logits(tmp_path, tokens)
+    if want is not None:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config,field", [
+    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn", "factor": 4.0}},
+     r"rope_parameters\.rope_type 'yarn'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, r"rope_scaling\.rope_type 'dynamic'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 2.0}}, "lacks 'low_freq_factor'"),
+    ({"torch_dtype": "float8_e4m3fn"}, "dtype 'float8_e4m3fn'"),
+])
+def test_load_hf_refuses_what_it_does_not_implement_naming_it(tiny, tmp_path, config, field):
+    cfg, params = tiny
+    _write_hf(tmp_path, cfg, params, "LlamaForCausalLM", shards=1, config=config)
+    with pytest.raises(models.CheckpointError, match=field):
+        models.load_hf(str(tmp_path))
