@@ -169,6 +169,10 @@ class Settings:
     prefill_chunk: int = setting(2048, "most new tokens of one request in one prefill pass (bounds attention "
                                  "memory)")
     compute_quota_ms: float = setting(300.0, "predicted prefill time a PE packs into one pass (docs/paper.md §7)")
+    scheduler: str = setting("full", "engine selection: full (PAPER §7 alpha/beta/Z rules) or naive (round-robin "
+                             "engines; the ablation's dual-path loading without the scheduler)")
+    pe_hbm_mb: float | None = setting(None, "device memory a PE has for the KV of its passes, MB: Basic holds every "
+                                      "layer of a row's prompt KV, layerwise two layers (default: the hardware's)")
     workload_seed: int = setting(0, "workload seed", flag="--seed")
     think_time: str = setting("zero", "sessions: pause before each turn: zero (the paper's rule), recorded (the "
                               "trace's tool/user time) or a factor on the recorded pauses")
@@ -178,7 +182,10 @@ class Settings:
             object.__setattr__(self, "cluster", ClusterSpec.parse(self.cluster))
         if not isinstance(self.cluster, ClusterSpec):
             raise ConfigError(f"cluster must be a ClusterSpec (e.g. ClusterSpec.parse('1p1d')), got {self.cluster!r}")
-        _positive(self, "aps", "snic_mbps", "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns")
+        _positive(self, "aps", "snic_mbps", "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns",
+                  "pe_hbm_mb")
+        if self.scheduler not in ("full", "naive"):
+            raise ConfigError(f"scheduler must be 'full' or 'naive', got {self.scheduler!r}")
         if self.think_time not in ("zero", "recorded") and not re.fullmatch(r"\d+(\.\d*)?|\.\d+", self.think_time):
             raise ConfigError(f"think_time must be zero, recorded or a factor >= 0, got {self.think_time!r}")
         from dualjax.core.policies import layerwise_conflict

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from collections import deque
 
@@ -72,8 +73,13 @@ class Thresholds:
     beta_tokens: float  # tokens one PE prefills in 5 s
 
     @classmethod
-    def from_rates(cls, snic_bytes_per_s: float, kv_bytes_per_token: float, prefill_tokens_per_s: float):
-        return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s)
+    def from_rates(cls, snic_bytes_per_s: float, kv_bytes_per_token: float, prefill_tokens_per_s: float,
+                   measured_at: tuple[int, int] = (1024, 256)):
+        """`prefill_tokens_per_s`: new tokens per second of passes whose rows have `measured_at` = (cached,
+        new) tokens (the shape `dualjax.runtime.startup.prefill_tokens_per_s` measures). A PE's tokens are
+        its requests' prompt tokens (PAPER §7), so beta counts a row's cached + new tokens per new one."""
+        cached, new = measured_at
+        return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s * (cached + new) / new)
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
@@ -89,14 +95,35 @@ class Waiting:
         self._sums: list[int] = []  # cumulative total_tokens of every request ever appended
         self._base = 0  # cumulative total before the head
         self._head = 0  # index of the head in _sums
+        self.appended = 0  # requests ever appended
+        self._stale = False  # _sums no longer match _items (a request left from the middle)
         for r in requests:
             self.append(r)
 
     def append(self, r: RequestView) -> None:
         self._items.append(r)
+        if self._stale:
+            self.appended += 1
+            return
         self._sums.append((self._sums[-1] if self._sums else 0) + r.total_tokens)
+        self.appended += 1
+
+    def remove(self, i: int) -> RequestView:
+        """Take the i-th waiting request out (0: the head); the running sums are rebuilt when next needed."""
+        if i == 0 and not self._stale:
+            return self.popleft()
+        r = self._items[i]
+        del self._items[i]
+        self._stale = True
+        return r
+
+    def _rebuild(self) -> None:
+        self._sums = list(itertools.accumulate((x.total_tokens for x in self._items), initial=0))[1:]
+        self._base, self._head, self._stale = 0, 0, False
 
     def popleft(self) -> RequestView:
+        if self._stale:
+            return self.remove(0)
         r = self._items.popleft()
         self._base = self._sums[self._head]
         self._head += 1
@@ -118,6 +145,8 @@ class Waiting:
         """Total tokens of the longest head whose total is <= `free`."""
         if not self._items:
             return 0
+        if self._stale:
+            self._rebuild()
         end = bisect.bisect_right(self._sums, self._base + free, lo=self._head) if free != math.inf else len(self._sums)
         return (self._sums[end - 1] - self._base) if end > self._head else 0
 
@@ -144,8 +173,8 @@ class Scheduler:
     requests and applies its own decisions to the state. State lives in arrays so that a
     decision costs the same at 2 engines and at 1,152 (the simulator's paper scale)."""
 
-    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView]):
-        self.policy, self.th = policy, thresholds
+    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView], naive: bool = False):
+        self.policy, self.th, self.naive = policy, thresholds, naive
         engines = sorted(engines, key=lambda e: e.rank)
         if not any(e.role == "prefill" for e in engines) or not any(e.role == "decode" for e in engines):
             raise ValueError("the scheduler needs at least one prefill and one decode engine")
@@ -179,7 +208,13 @@ class Scheduler:
         self.group_tokens = np.array([sum(_take(self.tokens, m)) for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
         self._pe_open = int((self.pe_tokens <= thresholds.beta_tokens).sum())  # PEs not over beta
-        self._de_blocked = None  # id of the request no DE could take, until a DE's load changes
+        self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
+        self.group_queues = [Waiting() for _ in self.groups]  # level 1's assignment, FIFO per group
+        self.group_queued = np.zeros(len(self.groups), np.int64)  # tokens assigned to a group, not yet placed
+        self.assigned: dict[int, int] = {}  # waiting request id -> its DE group
+        self._seen = 0  # requests of the waiting queue already given a group
+        self._rr = [0, 0]  # naive: next PE, next DE (round robin)
+        self.de_list = [i for i, r in enumerate(self.roles) if r == "decode"]
 
     # -- state -------------------------------------------------------------------------------------
     def view(self, rank: int) -> EngineView:
@@ -199,7 +234,7 @@ class Scheduler:
         before = self.tokens[i]
         self.tokens[i] = after = before + tokens
         if self.roles[i] == "decode":
-            self._de_blocked = None
+            self._de_blocked.pop(self.group_of[i], None)
             self.free[i] -= tokens
             self.group_tokens[self.group_of[i]] += tokens
         else:
@@ -215,25 +250,73 @@ class Scheduler:
 
     # -- placement ---------------------------------------------------------------------------------
     def schedule(self, waiting: Waiting) -> list[Decision]:
-        """Pop from `waiting` every request that can be placed now, in FIFO order."""
-        out = []
-        while waiting:
-            r = waiting[0]
-            if self._de_blocked == r.id:
-                break
+        """Take from `waiting` every request that can be placed now: FIFO, except that a request whose
+        DE group has no memory for its group's head waits without holding up the other groups'."""
+        if self.naive:
+            return self._schedule_naive(waiting)
+        self._assign_groups(waiting)
+        out, blocked, i = [], set(), 0
+        while i < len(waiting) and len(blocked) < len(self.groups):
+            r = waiting[i]
+            g = self.assigned[r.id]
+            if g in blocked:
+                i += 1
+                continue
             forced = self.policy.engines(r, *self._views()) if self._overrides else None
             pe = forced[0] if forced else self.pick_pe(r)
-            de = None if pe is None else forced[1] if forced else self.pick_de(r, waiting)
-            if de is None:
+            if pe is None:
                 break
+            de = forced[1] if forced else self.pick_de(r, self.group_queues[g], g)
+            if de is None:
+                blocked.add(g)
+                i += 1
+                continue
+            waiting.remove(i)
+            self.group_queues[g].popleft()  # r heads its group's queue: nothing of the group was skipped
+            self.group_queued[g] -= r.total_tokens
+            del self.assigned[r.id]
+            out.append(self._decide(r, pe, de))
+        return out
+
+    def _assign_groups(self, waiting: Waiting) -> None:
+        """Level 1: each request that joined the queue since the last round goes to the DE group with the
+        smallest total tokens, those already queued for it included."""
+        new = waiting.appended - self._seen
+        self._seen = waiting.appended
+        for k in range(len(waiting) - new, len(waiting)):
+            r = waiting[k]
+            g = int((self.group_tokens + self.group_queued).argmin())  # ties: the lowest node
+            self.assigned[r.id] = g
+            self.group_queued[g] += r.total_tokens
+            self.group_queues[g].append(r)
+
+    def _decide(self, r: RequestView, pe: int, de: int) -> Decision:
+        path = self.policy.path(r, self.view(pe), self.view(de))
+        if path not in ("pe", "de"):
+            raise ValueError(f"policy {self.policy.name!r} chose path {path!r}; a path is 'pe' or 'de'")
+        self.update(pe, 1, r.prompt_tokens)
+        self.update(de, 1, r.total_tokens)
+        self.read_q[self.node_of[self.index[pe if path == "pe" else de]]] += r.hit_tokens
+        return Decision(r, pe, de, path)
+
+    def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
+        """No alpha, beta or Z: the next PE and the next DE with memory for the request, round robin."""
+        out, n_pe, n_de = [], len(self.pe_tokens), len(self.de_list)
+        while waiting:
+            r = waiting[0]
+            forced = self.policy.engines(r, *self._views()) if self._overrides else None
+            if forced:
+                pe, de = forced
+            else:
+                pe = self.ranks[_nth(self.pes, self._rr[0] % n_pe)]
+                k = next((k for k in range(n_de) if self.free[self.de_list[(self._rr[1] + k) % n_de]]
+                          >= r.total_tokens), None)
+                if k is None:
+                    break
+                de = self.ranks[self.de_list[(self._rr[1] + k) % n_de]]
+                self._rr = [self._rr[0] + 1, self._rr[1] + k + 1]
             waiting.popleft()
-            path = self.policy.path(r, self.view(pe), self.view(de))
-            if path not in ("pe", "de"):
-                raise ValueError(f"policy {self.policy.name!r} chose path {path!r}; a path is 'pe' or 'de'")
-            out.append(Decision(r, pe, de, path))
-            self.update(pe, 1, r.miss_tokens)
-            self.update(de, 1, r.total_tokens)
-            self.read_q[self.node_of[self.index[pe if path == "pe" else de]]] += r.hit_tokens
+            out.append(self._decide(r, pe, de))
         return out
 
     def pick_pe(self, r: RequestView) -> int | None:
@@ -246,16 +329,18 @@ class Scheduler:
         i = int(key.argmin())  # ties: the lowest rank
         return None if key[i] == _OUT else self.ranks[_nth(self.pes, i)]
 
-    def pick_de(self, r: RequestView, queue: Waiting | None = None) -> int | None:
-        """`queue`: the waiting requests from r on (r first), for the R lookahead of the Z rule."""
-        if self._de_blocked == r.id:  # nothing changed on the DE side since r fitted nowhere
+    def pick_de(self, r: RequestView, queue: Waiting | None = None, group: int | None = None) -> int | None:
+        """Level 2 inside `group` (default: the group with the smallest total tokens). `queue`: the group's
+        waiting requests from r on (r first), for the R lookahead of the Z rule."""
+        g = int(self.group_tokens.argmin()) if group is None else group  # ties: the lowest node
+        if self._de_blocked.get(g) == r.id:  # nothing changed in the group since r fitted nowhere
             return None
-        members = self.groups[int(self.group_tokens.argmin())]  # ties: the lowest node
+        members = self.groups[g]
         need = r.total_tokens
         free, t, seq = _take(self.free, members), _take(self.tokens, members), _take(self.seq, members)
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:
-            self._de_blocked = r.id
+            self._de_blocked[g] = r.id
             return None
         head = queue.head_tokens(sum(free)) if queue is not None else need
         z = 1.05 * (max(head, need) + sum(t)) / len(t)

@@ -42,7 +42,8 @@ class Driver:
         self.agents = agents
         c = cfg.cluster  # one engine per host: a host is its own node
         self.scheduler = Scheduler(policy, thresholds, [EngineView(r, "prefill", r) for r in c.prefill_ranks] +
-                                   [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks])
+                                   [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks],
+                                   naive=cfg.scheduler == "naive")
         self.context = [np.zeros(0, np.int32) for _ in agents]
         self.waiting = Waiting()
         self.requests: dict[int, Request] = {}
@@ -114,10 +115,9 @@ class Driver:
                     self._complete(msg)
                     done += 1
                     bar.update()
-                elif isinstance(msg, PrefillFinished):  # the miss tokens leave the PE's load
+                elif isinstance(msg, PrefillFinished):  # the request's tokens leave the PE's load
                     rec = self.records[msg.request_id]
-                    self.scheduler.update(rec["pe"], -1, rec["planned_hit_blocks"] * self.layout.block_tokens -
-                                          rec["prompt_tokens"])
+                    self.scheduler.update(rec["pe"], -1, -rec["prompt_tokens"])
                 elif isinstance(msg, EngineState):
                     self.scheduler.set_read_queue(msg.rank, msg.read_q_tokens)
                 else:

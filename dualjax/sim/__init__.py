@@ -17,8 +17,9 @@ import numpy as np
 
 from dualjax.core.config import SimConfig
 from dualjax.core.policies import Policy, get_policy
-from dualjax.outputs import write_report
+from dualjax.core.sessions import SessionError, SessionTable, hit_summary, parse_spec, session_table
 from dualjax.core.workload import get_workload, load_trajectories, slo_for, start_times, turn_lengths
+from dualjax.outputs import write_report
 from dualjax.sim.engine import SimError, Simulation
 from dualjax.sim.profiles import Hardware, get_hardware, model_cost
 
@@ -30,6 +31,9 @@ def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray]
     if cfg.workload.startswith("mooncake:"):
         raise SimError("the simulator takes agentic presets and trajectory files; Mooncake traces share "
                        "prefixes across requests, which its per-agent hit model does not follow")
+    if cfg.workload.startswith("sessions:"):  # misses as appends: see `session_trace`
+        t = session_trace(cfg)
+        return [p - h for p, h in zip(t.prompt, t.hit)], t.gen, t.start, 0.0
     if cfg.workload.endswith(".jsonl"):
         agents = load_trajectories(cfg.workload, vocab=2**31 - 1, seed=cfg.workload_seed)
         append = [np.array([len(t.append) for t in a.turns]) for a in agents]
@@ -41,6 +45,17 @@ def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray]
             spec.think_s)
 
 
+def session_trace(cfg: SimConfig) -> SessionTable:
+    """Recorded sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`): a session's request can diverge from
+    its previous context, so the engine takes each turn's prompt, trace hit tokens (hash ids) and
+    pause from this table, not from context + append."""
+    try:
+        return session_table(parse_spec(cfg.workload), cfg.agents, cfg.workload_seed, cfg.think_time,
+                             None if cfg.aps is None else (lambda n: start_times(n, cfg.workload_seed, cfg.aps)))
+    except SessionError as e:
+        raise SimError(str(e)) from None
+
+
 def build(cfg: SimConfig, policy: Policy | str | None = None, hardware: Hardware | None = None,
           progress: bool = True) -> Simulation:
     """A ready-to-run Simulation; `policy` (a name or an object) overrides `cfg.policy`."""
@@ -49,7 +64,10 @@ def build(cfg: SimConfig, policy: Policy | str | None = None, hardware: Hardware
         raise SimError(f"hardware profile {hw.name!r} was calibrated with model {hw.model!r}, not {cfg.model!r}: "
                        f"run `dualjax calibrate --model {cfg.model}`")
     append, gen, starts, think = workload_lengths(cfg)
-    return Simulation(cfg, hw, model_cost(cfg.model), append, gen, starts, think, policy, progress)
+    sim = Simulation(cfg, hw, model_cost(cfg.model), append, gen, starts, think, policy, progress)
+    if cfg.workload.startswith("sessions:"):
+        sim.trace = session_trace(cfg)
+    return sim
 
 
 def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None = None,
@@ -59,7 +77,10 @@ def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None
     cols = sim.columns()
     name = get_policy(policy or cfg.policy).name
     extra = {"simulated": True, "hardware": dataclasses.asdict(sim.hw), "events": sim.events_done,
-             "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None}
+             "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None,
+             "prefill": sim.pe_summary(), "utilisation": sim.link_summary()}
+    if sim.trace is not None:
+        extra.update(hit_summary(sim.trace.prompt, sim.trace.hit, cfg.block_tokens))
     if out is None:
         from dualjax.core.report import summarize
         report = summarize(cols, sim.host_stats(), cfg, name, slo_for(cfg.workload))

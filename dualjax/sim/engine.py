@@ -1,23 +1,20 @@
 """Discrete-event simulation of a DualPath cluster, driven by the runtime's own scheduler and policy.
 
 Nodes hold g engines (one per GPU), all prefill (PE) or all decode (DE). Per node: a storage NIC
-(FIFO, bytes/s) whose queue the scheduler balances, host DRAM bandwidth, and a PE or DE buffer
-budget. Per GPU: a compute NIC whose KV share carries relays and prefill output. A request flows
-as in the runtime (PAPER.md §3):
+(FIFO at its effective read rate) whose queue the scheduler balances, host DRAM (every read and
+write of the host buffers), and a PE or DE buffer budget. Per GPU: a full-duplex compute NIC
+(`Lane` tx and rx) where expert-parallel traffic has priority over KV, and device memory.
+Engines of a role form expert-parallel groups (`Hardware.ep_gpus`). A request flows as in the
+runtime (PAPER.md §3):
 
 1. it arrives (agents: offline all at 0, online Poisson; the next turn starts when the previous
    one completes, after an optional think time) and waits in the scheduler's FIFO queue;
 2. the scheduler places it (PE, DE, path) exactly as in a real run; the DE buffer takes its
-   prompt KV, the reading side's storage NIC reads its hit blocks (DE path: relayed to the PE
-   over both GPUs' compute NICs, layer by layer);
-3. the PE packs passes with the runtime's `batching.pack` (quota, chunks); a layerwise pass may
-   start while its oldest row is still loading and ends no earlier than its last layer allows;
-   Basic waits for full loads;
-4. the prefill's KV goes to the DE (hit + miss on the PE path, miss only on the DE path); the
-   DE decodes it in a continuous batch, modelled as a fluid: between joins and leaves every
-   member advances at the batch's step time, so the cost is an event per join and leave, not per
-   token; full blocks are written back (counted, not queued: storage writes do not compete
-   with reads here, and every block is assumed stored before the agent's next turn).
+   prompt KV; Basic then waits for device memory on its PE; the reading side's storage NIC reads
+   its hit blocks into the PE or DE buffer (Basic: on into the PE's HBM);
+3. PEs step in groups and pack passes with the runtime's `batching.pack` (`prefill.py`);
+4. the prefill's KV goes to the DE buffer (hit + miss on the PE path, miss only on the DE path),
+   then into the DE's HBM, and the DE decodes it in a continuous batch (`decode.py`).
 
 Hits follow the runtime's store: a turn hits every full block of the agent's previous context
 (prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
@@ -28,56 +25,23 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
 
 import numpy as np
 from tqdm import tqdm
 
-from dualjax.core.batching import pack
 from dualjax.core.config import SimConfig
 from dualjax.core.policies import Policy, get_policy, layerwise_for
 from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.sessions import SessionTable
 from dualjax.core.streams import stream
+from dualjax.sim.decode import DecodeEngine, DecodeSide
+from dualjax.sim.prefill import PeGroup, PrefillEngine, PrefillSide, Row
 from dualjax.sim.profiles import Hardware, ModelCost
-from dualjax.sim.resources import Costs, FifoLink, Node, SimError
+from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2}
-
-
-class Row:
-    """A request on a PE (a `batching.Work`): its read interval [t0, t1] (t1: every layer is on the
-    PE) once the read is issued."""
-
-    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started")
-
-    def __init__(self, rid: int, cached: int, remaining: int):
-        self.rid, self.cached, self.remaining = rid, cached, remaining
-        self.t0 = self.t1 = None
-        self.started = False
-
-
-class PrefillEngine:
-    __slots__ = ("rank", "node", "cnic", "rows", "busy", "busy_s")
-
-    def __init__(self, rank: int, node: Node, cnic: FifoLink):
-        self.rank, self.node, self.cnic, self.rows, self.busy, self.busy_s = rank, node, cnic, [], False, 0.0
-
-
-class DecodeEngine:
-    """A continuous decode batch as a fluid: `steps` advance at 1/step_s between membership changes."""
-
-    __slots__ = ("rank", "node", "cnic", "members", "n", "ready", "steps", "t_ref", "step_s", "ctx_base", "version",
-                 "busy_s")
-
-    def __init__(self, rank: int, node: Node, cnic: FifoLink):
-        self.rank, self.node, self.cnic = rank, node, cnic
-        self.members: list[tuple[float, int]] = []  # heap of (finish step, request id)
-        self.n, self.ready = 0, deque()
-        self.steps = self.t_ref = self.step_s = self.busy_s = 0.0
-        self.ctx_base = 0.0  # sum over members of (prompt - join step): context = ctx_base + n * steps
-        self.version = 0
 
 
 def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
@@ -90,44 +54,45 @@ def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
     return out
 
 
-class Simulation:
-    """Run with `run()`; then `columns()` per request and `host_stats()` per node."""
+def ep_groups(nodes: int, gpus_per_node: int, ep_gpus: int) -> list[int]:
+    """Node counts of the expert-parallel groups of a role's `nodes` nodes: groups of at most `ep_gpus`
+    GPUs (whole nodes, at least one), as even as possible; without EP (`ep_gpus` 0) one per node."""
+    if not ep_gpus:
+        return [1] * nodes
+    per = max(1, ep_gpus // gpus_per_node)
+    n = -(-nodes // per)
+    return [nodes // n + (1 if i < nodes % n else 0) for i in range(n)]
+
+
+class Simulation(PrefillSide, DecodeSide):
+    """Run with `run()`; then `columns()` per request, `host_stats()` per node, `pe_summary()`."""
+
+    trace: SessionTable | None = None  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
 
     def __init__(self, cfg: SimConfig, hw: Hardware, model: ModelCost, append: list[np.ndarray],
                  gen: list[np.ndarray], starts: np.ndarray, think_s: float = 0.0, policy: Policy | str | None = None,
                  progress: bool = True):
         self.cfg, self.hw, self.model = cfg, hw, model
         longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
-        self.costs = Costs(hw, model, DEFAULT_BUCKETS.prefix(longest + 1))  # as `dualjax.runtime.decode_host.decode_capacity`
+        self.capacity = DEFAULT_BUCKETS.prefix(longest + 1)  # as `dualjax.runtime.decode_host.decode_capacity`
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
         self.append, self.gen, self.starts, self.think_s = append, gen, starts, think_s
         self.progress = progress
+        self.kvb = model.cache_bytes_per_token
+        self.T = cfg.block_tokens
         g, P, D = hw.gpus_per_node, cfg.cluster.prefill, cfg.cluster.decode
         self.nodes = [Node(n, "prefill" if n < P else "decode", hw, cfg.window_s) for n in range(P + D)]
         self.engines: dict[int, PrefillEngine | DecodeEngine] = {}
-        views, rank = [], 1
-        de_mem = self.costs.de_memory_tokens()
-        for node in self.nodes:
-            for _ in range(g):
-                cnic = FifoLink(hw.cnic_bytes_per_s * hw.kv_share)
-                cls = PrefillEngine if node.role == "prefill" else DecodeEngine
-                self.engines[rank] = cls(rank, node, cnic)
-                views.append(EngineView(rank, node.role, node.id,
-                                        free_tokens=None if node.role == "prefill" or math.isinf(de_mem) else de_mem))
-                rank += 1
-        if de_mem <= 0:
-            raise SimError(f"{model.name} leaves no device memory for KV on a {hw.name} GPU")
-        self.de_mem = de_mem
-        self.kvb = model.kv_bytes_per_token
-        self.T = cfg.block_tokens
-        self.scheduler = Scheduler(self.policy, self.thresholds(), views)
+        self.groups: list[PeGroup] = []
+        self.decoders: list[DecodeEngine] = []
+        views = self._build(ep_groups(P, g, hw.ep_gpus), ep_groups(D, g, hw.ep_gpus))
+        self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive")
         self.waiting = Waiting()
-        self.pe_mem = self.costs.pe_memory_tokens(self.layerwise)
         n = sum(len(a) for a in append)
         self.n_requests = n
         self.cols = {k: np.full(n, np.nan) for k in ("arrival", "scheduled", "prefill_start", "prefill_end",
-                                                   "first_token", "ttst", "done", "tpot")}
+                                                   "first_token", "ttst", "done", "tpot", "hbm_wait")}
         for k in ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts"):
             self.cols[k] = np.zeros(n, np.int64)
         self.context = np.zeros(len(append), np.int64)  # tokens of each agent's conversation so far
@@ -144,13 +109,56 @@ class Simulation:
         self.slow = {PrefillEngine: _slowdowns(hw.contention, len(self.engines)),
                      DecodeEngine: _slowdowns(hw.decode_contention or hw.contention, len(self.engines))}
 
+    def _build(self, pe_groups: list[int], de_groups: list[int]) -> list[EngineView]:
+        """Engines, their NICs, memory and groups; the scheduler's views of them."""
+        hw, g, cfg = self.hw, self.hw.gpus_per_node, self.cfg
+        views, rank, node_iter = [], 1, iter(self.nodes)
+        self.de_mem = 0.0
+        for role, sizes in (("prefill", pe_groups), ("decode", de_groups)):
+            for size in sizes:
+                costs = Costs(hw, self.model, self.capacity, pe_ep=size * g, de_ep=size * g)
+                members = []
+                for node in [next(node_iter) for _ in range(size)]:
+                    for _ in range(g):
+                        tx, rx = (Lane(hw.cnic_bytes_per_s, hw.kv_priority, hw.kv_share) for _ in range(2))
+                        if role == "prefill":
+                            budget = costs.pe_memory_bytes() if cfg.pe_hbm_mb is None else cfg.pe_hbm_mb * 1e6
+                            if budget <= 0:
+                                raise SimError(self._no_memory(size * g))
+                            e = PrefillEngine(rank, node, tx, rx, Buffer(f"PE {rank} HBM", budget))
+                            members.append(e)
+                            views.append(EngineView(rank, role, node.id))
+                        else:
+                            mem = costs.de_memory_tokens()
+                            if mem <= 0:
+                                raise SimError(self._no_memory(size * g))
+                            self.de_mem = max(self.de_mem, mem)
+                            e = DecodeEngine(rank, node, tx, rx, size)
+                            self.decoders.append(e)
+                            views.append(EngineView(rank, role, node.id, free_tokens=None if math.isinf(mem) else mem))
+                        self.engines[rank] = e
+                        rank += 1
+                if role == "prefill":
+                    self.groups.append(PeGroup(members, size))
+                self.costs = costs  # every group's costs agree but for memory and EP bytes
+        return views
+
+    def _no_memory(self, ep: int) -> str:
+        return (f"{self.model.name} leaves no device memory for KV on a {self.hw.name} GPU with expert parallelism "
+                f"over {ep} GPUs ({self.model.weights_per_gpu(ep) / 1e9:.1f} GB of weights per GPU): use more nodes "
+                f"per role or a larger ep_gpus")
+
     def thresholds(self) -> Thresholds:
-        rate = self.hw.prefill_tokens_per_s  # `local`: what the runtime profiles at start-up
-        if rate is None:  # the workload's typical turn
-            spec_new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
-            spec_cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
-            rate = spec_new / self.costs.predict(spec_cached, spec_new)
-        return Thresholds.from_rates(self.hw.snic_bytes_per_s, self.kvb, rate)
+        """alpha from the storage NIC's effective rate; beta from the prefill rate: on `local` what the
+        runtime profiles at start-up, else a pass of the workload's typical rows under the quota."""
+        snic = self.hw.snic_bytes_per_s * self.hw.snic_efficiency
+        if self.hw.prefill_tokens_per_s is not None:
+            return Thresholds.from_rates(snic, self.kvb, self.hw.prefill_tokens_per_s)
+        new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
+        cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
+        rows = max(1, int(self.cfg.compute_quota_ms / 1e3 / self.costs.predict(cached, new)))
+        rate = rows * new / self.costs.pass_seconds([(cached, new)] * rows)
+        return Thresholds.from_rates(snic, self.kvb, rate, measured_at=(cached, new))
 
     # -- events ------------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -186,6 +194,9 @@ class Simulation:
         ctx = int(self.context[agent])
         prompt = ctx + int(self.append[agent][k])
         hit = ((ctx - 1) // self.T) * self.T if (k and self.cfg.use_store) else 0
+        if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
+            prompt = int(self.trace.prompt[agent][k])
+            hit = min(int(self.trace.hit[agent][k]), prompt - 1) // self.T * self.T if self.cfg.use_store else 0
         if prompt + self.gen[agent][k] > self.de_mem:
             raise SimError(f"agent {agent} turn {k} needs {prompt + self.gen[agent][k]} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
@@ -206,198 +217,49 @@ class Simulation:
         r, c = d.request, self.cols
         rid = r.id
         pe, de = self.engines[d.pe], self.engines[d.de]
-        c["scheduled"][rid], c["pe"][rid], c["de"][rid] = self.now, d.pe, d.de
-        c["path"][rid] = PATH_CODES[d.path if self.cfg.use_store else "none"]
-        row = Row(rid, r.hit_tokens, r.miss_tokens)
+        path = d.path if self.cfg.use_store else "none"
+        c["scheduled"][rid], c["pe"][rid], c["de"][rid], c["path"][rid] = self.now, d.pe, d.de, PATH_CODES[path]
+        row = Row(rid, r.hit_tokens, r.miss_tokens, path)
         pe.rows.append(row)
-        de.node.buffer.reserve(r.prompt_tokens * self.kvb, lambda: self._admitted(row, d.path, pe, de))
+        de.node.buffer.reserve(r.prompt_tokens * self.kvb, lambda: self._admitted(row, pe, de))
 
-    def _admitted(self, row: Row, path: str, pe: PrefillEngine, de: DecodeEngine) -> None:
-        """The DE buffer holds room for the prompt's KV: start the hit read on the chosen side."""
-        hit = row.cached * self.kvb
-        if not hit:
+    def _admitted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
+        """The DE buffer holds room for the prompt's KV. Basic: reserve every layer of the prompt's KV in
+        the PE's HBM first; layerwise: on the PE path, room for the hit KV in the PE buffer."""
+        if not self.layerwise:
+            row.hbm_asked = self.now
+            pe.hbm.reserve((row.cached + row.remaining) * self.kvb, lambda: self._hbm_granted(row, pe, de))
+        elif row.cached and row.path == "pe":
+            row.buf = row.cached * self.kvb
+            pe.node.buffer.reserve(row.buf, lambda: self._read(row, pe.node, pe))
+        else:
+            self._read(row, de.node if row.path == "de" else pe.node, pe)
+
+    def _hbm_granted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
+        row.hbm = (row.cached + row.remaining) * self.kvb
+        self.cols["hbm_wait"][row.rid] = self.now - row.hbm_asked
+        self._read(row, de.node if row.path == "de" else pe.node, pe)
+
+    def _read(self, row: Row, node: Node, pe: PrefillEngine) -> None:
+        """Read the hit blocks into `node`'s buffer (Basic: then on into the PE's HBM)."""
+        nbytes = row.cached * self.kvb
+        if not nbytes:
             row.t0 = row.t1 = self.now
             self._poke(pe)
-        elif path == "pe":
-            pe.node.buffer.reserve(hit, lambda: self._read(row, pe.node, pe, None))
-        else:
-            self._read(row, de.node, pe, de)
-
-    def _read(self, row: Row, node: Node, pe: PrefillEngine, relay_from: DecodeEngine | None) -> None:
-        nbytes = row.cached * self.kvb
+            return
         t0, t1 = node.snic.reserve(self.now, nbytes)
         node.account_read(t0, t1, nbytes)
-        # into the host buffer, then out of it (to the PE GPU, or to the compute NIC for the relay)
-        t1 = max(t1, node.dram.reserve(self.now, 2 * nbytes)[1])
-        ready = t1
-        if relay_from is not None:  # layer by layer over both GPUs' compute NICs, behind the read
-            node.relay_bytes += nbytes
-            relay_end = max(relay_from.cnic.reserve(t0, nbytes)[1], pe.cnic.reserve(t0, nbytes)[1])
-            last_layer = nbytes / self.model.n_layers / (self.hw.cnic_bytes_per_s * self.hw.kv_share)
-            ready = max(t1 + last_layer, relay_end)
-        row.t0, row.t1 = t0, ready
-        self.at(t1, self._read_done, node.id, row.cached, pe if ready == t1 else None)
-        if ready != t1:
-            self.at(ready, self._poke, pe)
+        t1 = max(t1, node.dram.reserve(self.now, nbytes)[1])  # written into the host buffer
+        self.at(t1, self._read_done, node.id, row.cached)
+        if not self.layerwise:  # into HBM before the pass: the loopback or the relay, behind the read
+            t1 = self._to_gpu(row, pe, t1, nbytes)
+        row.t0, row.t1 = t0, t1
+        self.at(t1, self._poke, pe)
         if self.layerwise:  # the oldest row may start while it loads
             self._poke(pe)
 
-    def _read_done(self, node: int, tokens: int, pe: PrefillEngine | None) -> None:
+    def _read_done(self, node: int, tokens: int) -> None:
         self.scheduler.set_read_queue(node, self.scheduler.read_queue(node) - tokens)
-        if pe is not None:
-            self._poke(pe)
-
-    # -- prefill -----------------------------------------------------------------------------------
-    def _poke(self, pe: PrefillEngine) -> None:
-        if not pe.busy:
-            self._start_pass(pe)
-
-    def _start_pass(self, pe: PrefillEngine) -> None:
-        assert not pe.busy, "one pass at a time per PE"
-        now = self.now
-        ready = [r for r in pe.rows if r.t1 is not None]
-        ready = [r for i, r in enumerate(ready) if r.t1 <= now or (i == 0 and self.layerwise)]
-        if not ready:
-            return
-        plan = pack(ready, self.costs, self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk,
-                    padded=self.hw.padded)
-        held, kept = 0, []
-        for w, n in plan:  # device memory: the pass's prefix + new KV (layerwise: one layer's)
-            held += w.cached + n
-            if kept and held > self.pe_mem:
-                break
-            kept.append((w, n))
-        dur = self.costs.pass_seconds([(w.cached, n) for w, n in kept])
-        if self.shared:
-            dur *= self._slowdown(pe)
-        end = now + dur
-        first = kept[0][0]
-        if first.t1 > now:  # layerwise over a loading row: layer l runs once layer l has arrived
-            L = self.model.n_layers
-            end = max(end, first.t0 + (first.t1 - first.t0) / L + dur, first.t1 + dur / L)
-        for w, _ in kept:
-            if not w.started:
-                w.started = True
-                self.cols["prefill_start"][w.rid] = now
-        pe.busy = True
-        pe.busy_s += end - now
-        self.at(end, self._end_pass, pe, kept)
-        if self.shared:
-            self._retime_decoders()
-
-    def _end_pass(self, pe: PrefillEngine, plan) -> None:
-        c, kvb = self.cols, self.kvb
-        for w, n in plan:
-            w.cached += n
-            w.remaining -= n
-            if w.remaining:
-                continue
-            rid = w.rid
-            pe.rows.remove(w)
-            c["prefill_end"][rid] = self.now
-            hit, prompt = int(c["hit_tokens"][rid]), int(c["prompt_tokens"][rid])
-            self.scheduler.update(pe.rank, -1, hit - prompt)
-            self.dirty = True
-            pe_path = c["path"][rid] == PATH_CODES["pe"]
-            if pe_path and hit:
-                pe.node.buffer.release(hit * kvb)
-            de = self.engines[int(c["de"][rid])]
-            out = (prompt if pe_path else prompt - hit) * kvb  # the DE already holds the hit KV on its path
-            arrive = max(pe.cnic.reserve(self.now, out)[1], de.cnic.reserve(self.now, out)[1],
-                         de.node.dram.reserve(self.now, 2 * out)[1])
-            self.at(arrive, self._join, de, rid)
-        pe.busy = False  # only now: releasing buffers above may issue reads that poke this PE
-        self._start_pass(pe)
-        if self.shared and not pe.busy:
-            self._retime_decoders()
-
-    # -- decode ------------------------------------------------------------------------------------
-    def _join(self, de: DecodeEngine, rid: int) -> None:
-        """The prompt KV is in the DE buffer: the first token is out; decode the rest."""
-        c = self.cols
-        c["first_token"][rid] = self.now
-        de.node.buffer.release(c["prompt_tokens"][rid] * self.kvb)
-        if c["gen_len"][rid] <= 1:
-            self._complete(de, rid)
-            return
-        de.ready.append(rid)
-        self._admit(de)
-
-    def _advance(self, de: DecodeEngine) -> None:
-        if de.n:
-            de.steps += (self.now - de.t_ref) / de.step_s
-            de.busy_s += self.now - de.t_ref
-        de.t_ref = self.now
-
-    def _admit(self, de: DecodeEngine) -> None:
-        self._advance(de)
-        limit = self.hw.decode_batch or math.inf
-        c = self.cols
-        joined = []
-        while de.ready and de.n < limit:
-            rid = de.ready.popleft()
-            heapq.heappush(de.members, (de.steps + c["gen_len"][rid] - 1, rid))
-            de.ctx_base += c["prompt_tokens"][rid] - de.steps
-            de.n += 1
-            joined.append(rid)
-        self._retime(de)
-        for rid in joined:
-            c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
-
-    def _slowdown(self, engine) -> float:
-        """`local`: engines share the machine's cores; how much the others computing slow this one."""
-        others = sum(1 for e in self.engines.values()
-                     if e is not engine and (e.busy if isinstance(e, PrefillEngine) else e.n))
-        return self.slow[type(engine)][others]
-
-    def _retime_decoders(self) -> None:
-        for e in self.engines.values():
-            if isinstance(e, DecodeEngine) and e.n:
-                self._advance(e)
-                self._retime(e)
-
-    def _retime(self, de: DecodeEngine) -> None:
-        de.version += 1
-        if not de.n:
-            return
-        de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps)
-        if self.shared:
-            de.step_s *= self._slowdown(de)
-        due = self.now + max(0.0, de.members[0][0] - de.steps) * de.step_s
-        self.at(due, self._decode_event, de, de.version)
-
-    def _decode_event(self, de: DecodeEngine, version: int) -> None:
-        if version != de.version:
-            return  # the batch changed since this was due
-        self._advance(de)
-        while de.members and de.members[0][0] <= de.steps + 1e-6:
-            finish, rid = heapq.heappop(de.members)
-            de.n -= 1
-            de.ctx_base -= self.cols["prompt_tokens"][rid] - (finish - self.cols["gen_len"][rid] + 1)
-            self._complete(de, rid)
-        self._admit(de)
-
-    def _complete(self, de: DecodeEngine, rid: int) -> None:
-        c = self.cols
-        c["done"][rid] = self.now
-        gen, prompt, hit = int(c["gen_len"][rid]), int(c["prompt_tokens"][rid]), int(c["hit_tokens"][rid])
-        if gen > 1:
-            c["tpot"][rid] = (self.now - c["first_token"][rid]) / (gen - 1)
-        else:
-            c["ttst"][rid] = np.nan
-        if self.cfg.use_store:  # every block that filled, the prompt's new ones first
-            de.node.write_bytes += ((prompt + gen - 1) // self.T - hit // self.T) * self.T * self.kvb
-        self.scheduler.update(de.rank, -1, -(prompt + gen))
-        self.dirty = True
-        self.completed += 1
-        agent = int(c["agent"][rid])
-        self.context[agent] = prompt + gen
-        self.next_turn[agent] += 1
-        if self.next_turn[agent] < len(self.append[agent]):
-            if self.think_s:
-                self.at(self.now + self.rng.exponential(self.think_s), self._submit, agent)
-            else:
-                self._submit(agent)
 
     # -- results -----------------------------------------------------------------------------------
     def host_stats(self) -> list[HostStats]:
@@ -412,6 +274,38 @@ class Simulation:
                                  buffer_peak_bytes=node.buffer.peak,
                                  snic=SnicStats(node.snic.bytes, node.snic.busy_s, series=series),
                                  store=StoreStats(bytes_written=node.write_bytes)))
+        return out
+
+    def pe_summary(self) -> dict:
+        """What the PEs did: rows per pass, passes, compute vs group time, and Basic's wait for device memory."""
+        pes = [e for e in self.engines.values() if isinstance(e, PrefillEngine)]
+        passes, rows = sum(e.passes for e in pes), sum(e.rows_run for e in pes)
+        busy, compute = sum(e.busy_s for e in pes), sum(e.compute_s for e in pes)
+        wait = self.cols["hbm_wait"][~np.isnan(self.cols["hbm_wait"])]
+        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        return {"rows_per_pass": rows / passes if passes else None, "passes": passes,
+                "group_passes": sum(g.passes for g in self.groups), "ep_groups": [g.nodes for g in self.groups],
+                "busy_fraction": busy / len(pes) / jct, "compute_fraction_of_busy": compute / busy if busy else None,
+                "hbm_budget_gb": min(e.hbm.budget for e in pes) / 1e9,
+                "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
+                "hbm_wait_s": {"mean": float(wait.mean()) if wait.size else None,
+                               "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+
+    def link_summary(self) -> dict:
+        """Busy fraction of each kind of resource over the run (the busiest one of its kind), by role: the
+        storage NICs, host DRAM, compute NICs' tx and rx (KV traffic), and PE compute."""
+        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        out = {}
+        for role in ("prefill", "decode"):
+            nodes = [n for n in self.nodes if n.role == role]
+            gpus = [e for e in self.engines.values() if e.node.role == role]
+            tag = "pe" if role == "prefill" else "de"
+            out[f"{tag}_snic"] = max(n.snic.busy_s for n in nodes) / jct
+            out[f"{tag}_dram"] = max(n.dram.busy_s for n in nodes) / jct
+            out[f"{tag}_cnic_tx"] = max(e.tx.bytes / e.tx.rate for e in gpus) / jct  # KV's share of the line
+            out[f"{tag}_cnic_rx"] = max(e.rx.bytes / e.rx.rate for e in gpus) / jct
+        out["pe_compute"] = max(e.compute_s for e in self.engines.values() if isinstance(e, PrefillEngine)) / jct
+        out["binding"] = max((k for k in out), key=out.get)
         return out
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -38,8 +38,19 @@ class ModelCost:
     attn_flops: float  # per (new token x visible position)
     window: int | None = None  # sparse attention: each token attends to at most this many positions
     indexer_flops: float = 0.0  # per (new token x position), over the whole context (DSA indexer)
-    indexer_bytes_per_token: float = 0.0  # the indexer's keys, read by every decode step
-    weight_bytes_per_gpu: float = 0.0  # weights one GPU holds (and a decode step reads)
+    indexer_bytes_per_token: float = 0.0  # the indexer's keys: stored, moved and read with the KV
+    weight_bytes_per_gpu: float = 0.0  # weights every GPU holds (and a decode step reads): all but routed experts
+    expert_weight_bytes: float = 0.0  # routed experts, split over an expert-parallel group
+    ep_bytes_per_token: float = 0.0  # expert-parallel dispatch + combine bytes one token moves per forward
+
+    @property
+    def cache_bytes_per_token(self) -> float:
+        """Every part of a token's per-layer cache, all layers: what storage, buffers and links move."""
+        return self.kv_bytes_per_token + self.indexer_bytes_per_token
+
+    def weights_per_gpu(self, ep_gpus: int) -> float:
+        """Weight bytes one GPU of an expert-parallel group of `ep_gpus` GPUs holds."""
+        return self.weight_bytes_per_gpu + self.expert_weight_bytes / max(1, ep_gpus)
 
     def prefill_flops(self, cached: int, new: int) -> float:
         return self.prefill_seconds(1.0)(cached, new)
@@ -64,17 +75,20 @@ class ModelCost:
 
 def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
     """The cost model of a preset, derived from its config (`models.costs`)."""
-    from models.costs import cost_terms, param_count
+    from models.costs import cost_terms, expert_param_count, param_count
     from models.deepseek_config import DEEPSEEK_PRESETS
     if name in DEEPSEEK_PRESETS:
         # Production layout (../shared/traces/README.md §4): FP8 cache, 656 B of latent + RoPE key per token per
-        # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter) split by expert parallelism
-        # over 32 GPUs past 100B parameters (our assumption).
+        # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter).
         cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
-        t, params = cost_terms(cfg), param_count(cfg)
+        t, experts = cost_terms(cfg), expert_param_count(cfg)
         return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, t.linear_flops, t.attn_flops, t.window,
                          t.indexer_flops, t.indexer_bytes_per_token,
-                         params / (32 if params > 100e9 else gpus_per_weight_copy))
+                         weight_bytes_per_gpu=param_count(cfg) - experts, expert_weight_bytes=experts,
+                         # EP per token and MoE layer: top-k experts x d_model, FP8 dispatch (1 B) + BF16
+                         # combine (2 B) (DeepSeek-V3 report §3.4)
+                         ep_bytes_per_token=(cfg.n_layers - cfg.first_k_dense_replace) * cfg.n_experts_per_tok
+                         * cfg.d_model * 3)
     import models
     cfg = models.get_config(name)
     t = cost_terms(cfg)
@@ -99,6 +113,14 @@ class Hardware:
     decode_batch: int | None = None  # most sequences one DE decodes at once (None: memory decides)
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
     hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
+    # Storage reads deliver this fraction of the storage NIC's line rate (3FS, PAPER: Basic saturates at
+    # ~21-26 GB/s per 50 GB/s node), optionally falling with more reads outstanding than `snic_depth`.
+    snic_efficiency: float = 1.0
+    # A prefill pass of T new tokens runs at efficiency * T / (T + prefill_half_tokens) of peak (0: flat).
+    prefill_half_tokens: float = 0.0
+    ep_gpus: int = 0  # most GPUs of one expert-parallel group (0: none; engines step alone)
+    decode_step_overhead_s: float = 0.0  # per decode step: launch, sync, sampling, scheduling
+    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (PAPER §5)
     # `local`: every engine shares one machine's cores; a prefill pass runs contention[k - 1] times
     # slower while k other engines compute, a decode step decode_contention[k - 1] (past the last:
     # linear from the last two). Empty: engines have their own compute, as GPUs do.
@@ -131,10 +153,15 @@ H800_PEAK = 989e12  # dense BF16 FLOP/s
 PAPER_H800 = Hardware(
     "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
     dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
-    hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.4,
-    notes="PAPER.md §2/§8 hardware; compute = model FLOPs at 40% of H800 dense BF16 peak; decode step = "
-          "max(FLOPs, weights + KV read over HBM bandwidth); KV gets 99% of an idle CNIC (model traffic is not "
-          "simulated, so KV is never squeezed); 256 GB PE/DE buffers per node; 10 GB of HBM kept for activations.")
+    hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.45,
+    snic_efficiency=0.47, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005,
+    notes="PAPER.md §2/§8 hardware. Calibrated: storage reads at 47% of the 50 GB/s line (23.5 GB/s per node, "
+          "the middle of the paper's Basic saturation, ~21-26 GB/s). Assumed (predictions rest on them): prefill "
+          "at 45% of H800 dense BF16 peak for large passes, half that at 256 new tokens per GPU (a saturating "
+          "curve: small passes are weight- and launch-bound); expert-parallel groups of up to 32 GPUs (4 "
+          "nodes; DeepSeek's prefill deployment uses EP32); decode step = max(HBM roofline, EP all-to-all "
+          "over the compute NIC, dual micro-batch overlap as in DeepSeek-V3) + 5 ms per step; 10 GB of HBM "
+          "per GPU kept for activations; model traffic has priority over KV on the compute NICs.")
 
 ORACLE = dataclasses.replace(
     PAPER_H800, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,

@@ -1,13 +1,16 @@
-"""The simulator's resources: links, host buffers, nodes, and what compute costs.
+"""The simulator's resources: links, buffers, nodes, and what compute costs.
 
-`FifoLink` serves bytes first come, first served (storage NICs, compute NICs, host DRAM);
-`Buffer` is a host buffer whose reservations wait FIFO for room; `Node` holds a node's storage
-NIC, DRAM, buffer and what it read per time window; `Costs` turns a hardware profile and a model
-into seconds of prefill rows, decode steps and the device memory left for KV.
+`FifoLink` serves bytes first come, first served (storage NICs, host DRAM); `Lane` is one
+direction of a GPU's compute NIC, where KV (low priority) gets what model traffic (expert-parallel
+all-to-all, high priority) leaves; `Buffer` is a byte budget whose reservations wait FIFO for
+room (host buffers, and a PE's device memory for KV); `Node` holds a node's storage NIC, DRAM,
+buffer and what it read per time window; `Costs` turns a hardware profile and a model into
+seconds of prefill passes, decode steps and the device memory left for KV.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 
@@ -37,8 +40,46 @@ class FifoLink:
         return start, self.free_at
 
 
+class Lane:
+    """One direction of a compute NIC (tx: out of memory, rx: into memory; a loopback uses both).
+
+    Model traffic (EP dispatch/combine) is a utilisation the owning engine sets for the duration
+    of a pass or a decode step. With priority (PAPER §5) a KV transfer gets the rest of the line,
+    at least `1 - share` of it (model traffic gets `share` under contention); without, model and
+    KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
+    force when it is queued (a fluid approximation: later changes of the model load do not
+    re-time transfers already queued)."""
+
+    __slots__ = ("rate", "priority", "share", "model_util", "free_at", "bytes", "busy_s")
+
+    def __init__(self, rate: float, priority: bool = True, share: float = 0.99):
+        self.rate, self.priority, self.share = rate, priority, share
+        self.model_util, self.free_at, self.bytes, self.busy_s = 0.0, 0.0, 0.0, 0.0
+
+    def kv_rate(self) -> float:
+        if not self.model_util:
+            return self.rate
+        if self.priority:
+            return self.rate * max(1.0 - self.model_util, 1.0 - self.share)
+        return self.rate * max(1.0 - self.model_util, 0.5)
+
+    def model_rate(self, now: float) -> float:
+        """The rate model traffic gets now: the line, or half of it while KV is queued without priority."""
+        return self.rate if self.priority or self.free_at <= now else self.rate / 2
+
+    def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
+        self.bytes += nbytes
+        if math.isinf(self.rate) or nbytes == 0:
+            return t, t
+        start = max(t, self.free_at)
+        self.free_at = start + nbytes / self.kv_rate()
+        self.busy_s += self.free_at - start
+        return start, self.free_at
+
+
 class Buffer:
-    """A host buffer with a byte budget: reservations wait FIFO for room, as in `dualjax.runtime.buffers`."""
+    """A byte budget (a host buffer, a PE's device memory for KV): reservations wait FIFO for room, as in
+    `dualjax.runtime.buffers`."""
 
     __slots__ = ("budget", "used", "peak", "waiting", "name")
 
@@ -70,7 +111,8 @@ class Node:
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
-        self.snic, self.dram = FifoLink(hw.snic_bytes_per_s), FifoLink(hw.dram_bytes_per_s)
+        self.snic = FifoLink(hw.snic_bytes_per_s * hw.snic_efficiency)
+        self.dram = FifoLink(hw.dram_bytes_per_s)
         self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)
         self.series: list[float] = []  # storage bytes read per window
@@ -125,48 +167,66 @@ def _at_least(x: int, measured: set[int]) -> int:
 
 
 class Costs:
-    """Seconds of a prefill row / pass and of a decode step, from a hardware profile and a model.
-    `predict(cached, new)` is what a PE packs with; `pass_seconds` what a pass then takes."""
+    """Seconds of prefill passes and decode steps, and device memory, from a hardware profile and a model.
+    `predict(cached, new)` is what a PE packs with (the attention-layer time, PAPER §7; on a measured
+    profile the runtime's own fit); `pass_seconds` what a pass then takes."""
 
-    def __init__(self, hw: Hardware, model: ModelCost, decode_capacity: int):
+    def __init__(self, hw: Hardware, model: ModelCost, decode_capacity: int, pe_ep: int = 1, de_ep: int = 1):
         self.hw, self.model, self.capacity = hw, model, decode_capacity
+        self.pe_ep, self.de_ep = pe_ep, de_ep
         self.rate = hw.flops_per_s * hw.efficiency
         if hw.prefill_fit is not None:
             a, b, c = hw.prefill_fit
-            self.predict = lambda cached, new: a * new * (cached + new / 2) + b * new + c  # noqa: E731
+            self.row = lambda cached, new: a * new * (cached + new / 2) + b * new + c  # noqa: E731
+            self.predict = self.row
         else:
-            self.predict = model.prefill_seconds(self.rate)
+            self.row = model.prefill_seconds(self.rate)
+            self.predict = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
         self.table = PassTable(hw.pass_table) if hw.pass_table else None
+
+    def efficiency(self, tokens: int) -> float:
+        """Fraction of the saturated rate a pass of `tokens` new tokens reaches (1 for a flat profile)."""
+        half = self.hw.prefill_half_tokens
+        return 1.0 if not half or not tokens else tokens / (tokens + half)
 
     def pass_seconds(self, rows: list[tuple[int, int]]) -> float:
         """A pass over (cached, new) rows: the table's padded shape on `local`, else the profile's model
-        (padded: every row as the longest; ragged: each row its own)."""
+        (padded: every row as the longest; ragged: each row its own) at the batch's efficiency."""
         if self.table is None and not self.hw.padded:
-            return sum(self.predict(c, n) for c, n in rows)
+            return sum(self.row(c, n) for c, n in rows) / self.efficiency(sum(n for _, n in rows))
         cached, new = max(c for c, _ in rows), max(n for _, n in rows)
         if self.table is None:
-            return len(rows) * self.predict(cached, new)
+            return len(rows) * self.row(cached, new) / self.efficiency(len(rows) * new)
         return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
 
-    def decode_step_s(self, batch: int, context: float) -> float:
+    def ep_bytes(self, tokens: float, ep_nodes: int) -> float:
+        """Expert-parallel bytes one GPU sends (and receives) over its compute NIC for `tokens` tokens:
+        the share routed to experts on other nodes (inside a node they go over NVLink)."""
+        return tokens * self.model.ep_bytes_per_token * (ep_nodes - 1) / ep_nodes if ep_nodes > 1 else 0.0
+
+    def decode_compute_s(self, batch: int, context: float) -> float:
         hw, m = self.hw, self.model
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
             return hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
         kv = (min(context, batch * m.window) if m.window else context) * m.kv_bytes_per_token
-        reads = m.weight_bytes_per_gpu + kv + context * m.indexer_bytes_per_token
+        reads = m.weights_per_gpu(self.de_ep) + kv + context * m.indexer_bytes_per_token
         return max(batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s)
 
-    def _kv_hbm(self) -> float:
-        return self.hw.hbm_bytes - self.model.weight_bytes_per_gpu - self.hw.hbm_reserve_bytes
+    def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
+        """A step: compute overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
+        return max(self.decode_compute_s(batch, context), ep_s) + self.hw.decode_step_overhead_s
+
+    def _kv_hbm(self, ep: int) -> float:
+        return self.hw.hbm_bytes - self.model.weights_per_gpu(ep) - self.hw.hbm_reserve_bytes
 
     def de_memory_tokens(self) -> float:
         if self.hw.decode_fit is not None:  # as the runtime: every slot holds the workload's longest context
             return (self.hw.decode_batch or 1) * self.capacity
-        kv = self._kv_hbm()
-        return kv if math.isinf(kv) else int(kv // self.model.kv_bytes_per_token)
+        kv = self._kv_hbm(self.de_ep)
+        return kv if math.isinf(kv) else int(kv // self.model.cache_bytes_per_token)
 
-    def pe_memory_tokens(self, layerwise: bool) -> float:
-        """Tokens of prefix + new KV one PE pass may hold on the GPU (layerwise: one layer at a time)."""
+    def pe_memory_bytes(self) -> float:
+        """Device memory one PE has for the KV of its passes (weights and activations set aside)."""
         if self.hw.prefill_fit is not None:
             return math.inf
-        return self._kv_hbm() / (self.model.kv_bytes_per_token / (self.model.n_layers if layerwise else 1))
+        return self._kv_hbm(self.pe_ep)

@@ -1,40 +1,73 @@
-"""Experiments made of many simulations: the online capacity search and the P/D sweep."""
+"""Experiments made of many simulations: the steady-state capacity search, the P/D sweep, the ablation."""
 
 from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
 
+import numpy as np
+
 from dualjax.core.config import ClusterSpec, SimConfig
-from dualjax.sim import simulate
+from dualjax.core.workload import slo_for
+from dualjax.sim import build, simulate
+from dualjax.sim.resources import SimError
 
 
 def within_slo(report: dict, attainment: float) -> bool:
     return report["slo"]["attained"] >= attainment
 
 
+def agent_lifetime(cfg: SimConfig, policy=None, hardware=None, agents: int = 8) -> float:
+    """Mean seconds from an agent's start to its last token with the cluster nearly idle (a few agents
+    offline): how long the ramp-up of an online run lasts before its population is steady."""
+    sim = build(dataclasses.replace(cfg, aps=None, agents=agents), policy, hardware, progress=False).run()
+    c = sim.columns()
+    return float(np.mean([c["done"][c["agent"] == a].max() for a in range(agents)]))
+
+
+def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardware=None,
+                 spans: float = 3.0) -> dict:
+    """One online run at `aps` long enough that arrivals last `spans` agent lifetimes, scored over the
+    steady-state window only: requests arriving after the first lifetime (ramp-up) and before the last
+    agent arrives (then the population drains). Returns attainment, TTFT/TPOT percentiles, window_s."""
+    agents = max(16, int(np.ceil(aps * spans * lifetime)))
+    sim = build(dataclasses.replace(cfg, aps=aps, agents=agents), policy, hardware, progress=False).run()
+    c = sim.columns()
+    t0, t1 = lifetime, float(sim.starts[-1])
+    w = (c["arrival"] >= t0) & (c["arrival"] <= t1)
+    ttft, tpot = c["ttft"][w], c["tpot"][w]
+    slo_ttft, slo_tpot = slo_for(cfg.workload)
+    ok = (ttft <= slo_ttft) & (np.isnan(tpot) | (tpot <= slo_tpot))
+    pct = (lambda v, q: float(np.nanpercentile(v, q)) if np.isfinite(v).any() else None)  # noqa: E731
+    return {"aps": aps, "agents": agents, "window_s": [t0, t1], "requests": int(w.sum()),
+            "attained": float(ok.mean()) if w.any() else 0.0,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_s": pct(tpot, 50),
+            "tpot_p99_s": pct(tpot, 99)}
+
+
 def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.0, steps: int = 6,
-                  policy=None, log=print) -> dict:
+                  policy=None, log=print, hardware=None, spans: float = 3.0) -> dict:
     """The highest APS (Poisson agent arrivals per second) at which at least `attainment` of the
-    requests meet the workload's SLO (TTFT and TPOT): doubling/halving to bracket it, then
-    `steps` bisections. Returns {"capacity_aps", "attainment", "trials": [{aps, attained, ...}]}."""
+    steady-state window's requests meet the workload's SLO (TTFT and TPOT, PAPER §6): each trial an
+    online run whose arrivals last `spans` agent lifetimes (`steady_state`); doubling/halving to
+    bracket the capacity, then `steps` bisections. Returns {"capacity_aps", "window_s" (the window
+    scored at the capacity), "lifetime_s", "attainment", "trials": [...], "bracketed"}."""
     trials = []
+    lifetime = agent_lifetime(cfg, policy, hardware)
 
     def ok(aps: float) -> bool:
-        r = simulate(dataclasses.replace(cfg, aps=aps), policy=policy, progress=False)
-        trials.append({"aps": aps, "attained": r["slo"]["attained"], "ttft_p99_s": r["ttft_s"]["p99"],
-                       "tpot_p99_s": r["tpot_s"]["p99"], "jct_s": r["jct_s"]})
-        log(f"  aps {aps:8.3f}: SLO attained by {r['slo']['attained']:.1%} of requests "
-            f"(TTFT p99 {r['ttft_s']['p99']:.2f} s)")
-        return within_slo(r, attainment)
+        t = steady_state(cfg, aps, lifetime, policy, hardware, spans)
+        trials.append(t)
+        log(f"  aps {aps:8.3f}: {t['agents']} agents, window {t['window_s'][0]:.0f}-{t['window_s'][1]:.0f} s: "
+            f"SLO attained by {t['attained']:.1%} (TTFT p99 {t['ttft_p99_s'] or 0:.2f} s, "
+            f"TPOT p99 {(t['tpot_p99_s'] or 0) * 1e3:.1f} ms)")
+        return t["attained"] >= attainment
 
     lo, hi = 0.0, start_aps
     for _ in range(16):  # bracket: lo passes (or is 0), hi fails
         if not ok(hi):
             break
         lo, hi = hi, hi * 2
-    else:
-        return {"capacity_aps": lo, "attainment": attainment, "trials": trials, "bracketed": False}
     if lo == 0.0:
         while hi > 1e-3:
             if ok(hi / 2):
@@ -44,7 +77,9 @@ def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.
     for _ in range(steps if lo else 0):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return {"capacity_aps": lo, "attainment": attainment, "trials": trials, "bracketed": bool(lo)}
+    best = next((t for t in trials if t["aps"] == lo), None)
+    return {"capacity_aps": lo, "window_s": best["window_s"] if best else None, "lifetime_s": lifetime,
+            "attainment": attainment, "trials": trials, "bracketed": bool(lo) and lo < max(t["aps"] for t in trials)}
 
 
 def sweep_pd(cfg: SimConfig, nodes: int, window=None, policy=None, hardware=None, log=print) -> dict:
@@ -54,15 +89,25 @@ def sweep_pd(cfg: SimConfig, nodes: int, window=None, policy=None, hardware=None
     rows = []
     for p in range(1, nodes):
         d = nodes - p
-        r = simulate(dataclasses.replace(cfg, cluster=ClusterSpec(p, d)), policy=policy, hardware=hardware,
-                     progress=False)
         ratio = Fraction(p, d)
         inside = window is None or window.min_p_over_d <= ratio <= window.max_p_over_d
+        try:
+            r = simulate(dataclasses.replace(cfg, cluster=ClusterSpec(p, d)), policy=policy, hardware=hardware,
+                         progress=False)
+        except SimError as e:  # e.g. a role with too few nodes to hold the model's weights
+            rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "infeasible": str(e)})
+            log(f"  {p}p{d}d  infeasible: {e}")
+            continue
         rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "jct_s": r["jct_s"],
                      "tokens_per_s": r["tokens_per_s"], "ttft_p50_s": r["ttft_s"]["p50"],
-                     "tpot_p50_s": r["tpot_s"]["p50"], "snic_max_over_avg": r["snic_max_over_avg"]})
-        log(f"  {p}p{d}d  P/D {p / d:5.2f}  JCT {r['jct_s']:9.1f} s  {r['tokens_per_s']:10.1f} tok/s"
+                     "tpot_p50_s": r["tpot_s"]["p50"], "snic_max_over_avg": r["snic_max_over_avg"],
+                     "utilisation": r["utilisation"], "saturating": r["utilisation"]["binding"]})
+        log(f"  {p}p{d}d  P/D {p / d:5.2f}  JCT {r['jct_s']:9.1f} s  {r['tokens_per_s']:10.1f} tok/s  busiest "
+            f"{r['utilisation']['binding']} ({r['utilisation'][r['utilisation']['binding']]:.0%})"
             f"{'' if inside else '  (outside the window)'}")
-    candidates = [r for r in rows if r["in_window"]] or rows
+    feasible = [r for r in rows if "infeasible" not in r]
+    if not feasible:
+        raise SimError(f"no split of {nodes} nodes is feasible: {rows[0]['infeasible']}")
+    candidates = [r for r in feasible if r["in_window"]] or feasible
     best = max(candidates, key=lambda r: r["tokens_per_s"])
     return {"nodes": nodes, "sweep": rows, "recommended": best["cluster"]}

@@ -83,7 +83,8 @@ def test_schedule_is_fifo_updates_loads_and_stops_at_the_first_misfit():
     assert [(d.request.id, d.pe, d.de, d.path) for d in out] == [(0, 1, 2, "pe"), (1, 1, 2, "de")]
     assert [r.id for r in waiting] == [2]
     # The state carries the decisions: loads, the DE's memory and both read queues.
-    assert (s.view(1).seq, s.view(1).tokens, s.view(1).read_q_tokens) == (2, 200, 900)
+    # A PE's tokens are its requests' prompt tokens (PAPER §7), not their misses.
+    assert (s.view(1).seq, s.view(1).tokens, s.view(1).read_q_tokens) == (2, 2000, 900)
     assert (s.view(2).tokens, s.view(2).free_tokens, s.view(2).read_q_tokens) == (2200, 2800, 900)
     s.update(2, -1, -1100)
     s.set_read_queue(1, 0)
@@ -106,8 +107,45 @@ def test_schedule_spreads_requests_over_engines_by_tokens():
 
 
 def test_thresholds_come_from_rates():
+    # alpha: 3 s x 1e9 B/s / 1e5 B per token. beta: 5 s x 2,000 new tokens/s measured over rows of 1,024
+    # cached + 256 new tokens = 5 x 2,000 x 1,280 / 256 request tokens (a PE's tokens are prompt tokens).
     th = Thresholds.from_rates(snic_bytes_per_s=1e9, kv_bytes_per_token=1e5, prefill_tokens_per_s=2000)
-    assert th.alpha_tokens == pytest.approx(30000) and th.beta_tokens == pytest.approx(10000)
+    assert th.alpha_tokens == pytest.approx(30000) and th.beta_tokens == pytest.approx(50000)
+    assert Thresholds.from_rates(1e9, 1e5, 2000, measured_at=(0, 1)).beta_tokens == pytest.approx(10000)
+
+
+def test_de_groups_take_their_own_queues():
+    # Level 1: r0 -> node 10 (0 vs 0, the lowest), r1 -> node 20 (10 now holds r0's 1,100 queued tokens),
+    # r2 -> 10, r3 -> 20. Level 2 in node 10: R = its own queue [r0, r2] = 2,200 tokens, not the global
+    # four (4,400): Z = 1.05 * (2200 + 0 + 0) / 2 = 1155; both DEs are under it, ties -> the lowest rank.
+    s = S(pe(1), de(3, node=10), de(4, node=10), de(5, node=20), de(6, node=20))
+    out = s.schedule(Waiting(req(i, prompt=1000, hit=900) for i in range(4)))
+    assert [(d.request.id, d.de) for d in out] == [(0, 3), (1, 5), (2, 4), (3, 6)]
+
+
+def test_a_request_that_fits_no_group_holds_up_only_its_own_group():
+    # r0 (2,100 tokens) goes to node 10 (0 vs 0), whose DE holds 1,000: it waits. r1, r2, r3 go to node 20
+    # (0 < 2,100 queued for node 10, then 510 and 620 < 2,100) and are placed; the old global FIFO stopped
+    # every request (PE placement included) behind r0.
+    s = S(pe(1), pe(2), de(3, node=10, free=1000), de(4, node=20, free=10**6))
+    queue = Waiting([req(0, prompt=2000), req(1, prompt=500, gen=10), req(2, prompt=100, gen=10),
+                     req(3, prompt=500, gen=10)])
+    out = s.schedule(queue)
+    assert [(d.request.id, d.de) for d in out] == [(1, 4), (2, 4), (3, 4)]
+    assert [d.pe for d in out] == [1, 2, 2] and [r.id for r in queue] == [0]  # PE tokens 500, 100: r3 -> 2
+    assert s.schedule(queue) == []  # nothing changed on node 10
+    s.update(3, 0, -2000)  # node 10's DE frees memory: r0 goes
+    assert [(d.request.id, d.de) for d in s.schedule(queue)] == [(0, 3)]
+
+
+def test_naive_scheduler_round_robins_engines_without_the_rules():
+    # Over beta (5,000 tokens) and alpha no longer matter: PEs 1, 2, 1, 2; DEs 3, 4, 3, 4, skipping DE 4 when
+    # it lacks memory for a request.
+    s = S(pe(1, tokens=9000), pe(2), de(3), de(4, free=1500), policy=DualPath())
+    s.naive = True
+    out = s.schedule(Waiting([req(0), req(1), req(2), req(3)]))
+    assert [d.pe for d in out] == [1, 2, 1, 2]
+    assert [d.de for d in out] == [3, 4, 3, 3]  # r1 took 1,100 of DE 4's 1,500: r3 skips it
 
 
 def test_policies_by_name_and_custom_ones():

@@ -1,0 +1,141 @@
+"""The decode side of the simulation: DE engines decoding continuous batches, modelled as a fluid.
+
+Between joins and leaves every member of a DE's batch advances at the batch's step time, so the
+cost is an event per join and leave, not per token. A step is the HBM roofline (weights of the
+DE's expert-parallel share, the batch's KV and indexer keys) overlapped with its EP all-to-all
+over the DE's compute NIC (model traffic: high priority; without priority it shares the line
+with KV transfers queued there), plus a fixed per-step overhead. Before decoding, the prompt's KV
+moves from the DE buffer into the DE's HBM (a loopback over its compute NIC: the second DE DRAM
+read of PAPER §8). Full blocks are written back (counted, not queued).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+import numpy as np
+
+from dualjax.sim.resources import Lane, Node
+
+
+class DecodeEngine:
+    """A continuous decode batch as a fluid: `steps` advance at 1/step_s between membership changes."""
+
+    __slots__ = ("rank", "node", "tx", "rx", "members", "n", "ready", "steps", "t_ref", "step_s", "ctx_base",
+                 "version", "busy_s", "ep_nodes")
+
+    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, ep_nodes: int = 1):
+        self.rank, self.node, self.tx, self.rx, self.ep_nodes = rank, node, tx, rx, ep_nodes
+        self.members: list[tuple[float, int]] = []  # heap of (finish step, request id)
+        self.n, self.ready = 0, deque()
+        self.steps = self.t_ref = self.step_s = self.busy_s = 0.0
+        self.ctx_base = 0.0  # sum over members of (prompt - join step): context = ctx_base + n * steps
+        self.version = 0
+
+
+class DecodeSide:
+    """Mixin of `Simulation`: from the prompt's KV reaching the DE to the last token."""
+
+    def _join(self, de: DecodeEngine, rid: int) -> None:
+        """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
+        nbytes = self.cols["prompt_tokens"][rid] * self.kvb
+        done = max(de.node.dram.reserve(self.now, nbytes)[1], de.tx.reserve(self.now, nbytes)[1],
+                   de.rx.reserve(self.now, nbytes)[1])
+        if done > self.now:
+            self.at(done, self._first_token, de, rid)
+        else:
+            self._first_token(de, rid)
+
+    def _first_token(self, de: DecodeEngine, rid: int) -> None:
+        c = self.cols
+        c["first_token"][rid] = self.now
+        de.node.buffer.release(c["prompt_tokens"][rid] * self.kvb)
+        if c["gen_len"][rid] <= 1:
+            self._complete(de, rid)
+            return
+        de.ready.append(rid)
+        self._admit(de)
+
+    def _advance(self, de: DecodeEngine) -> None:
+        if de.n:
+            de.steps += (self.now - de.t_ref) / de.step_s
+            de.busy_s += self.now - de.t_ref
+        de.t_ref = self.now
+
+    def _admit(self, de: DecodeEngine) -> None:
+        self._advance(de)
+        limit = self.hw.decode_batch or math.inf
+        c = self.cols
+        joined = []
+        while de.ready and de.n < limit:
+            rid = de.ready.popleft()
+            heapq.heappush(de.members, (de.steps + c["gen_len"][rid] - 1, rid))
+            de.ctx_base += c["prompt_tokens"][rid] - de.steps
+            de.n += 1
+            joined.append(rid)
+        self._retime(de)
+        for rid in joined:
+            c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
+
+    def _slowdown(self, engine) -> float:
+        """`local`: engines share the machine's cores; how much the others computing slow this one."""
+        others = sum(1 for e in self.engines.values()
+                     if e is not engine and (e.group.busy if hasattr(e, "group") else e.n))
+        return self.slow[type(engine)][others]
+
+    def _retime_decoders(self) -> None:
+        for e in self.decoders:
+            if e.n:
+                self._advance(e)
+                self._retime(e)
+
+    def _retime(self, de: DecodeEngine) -> None:
+        de.version += 1
+        if not de.n:
+            de.tx.model_util = de.rx.model_util = 0.0
+            return
+        ep = self.costs.ep_bytes(de.n, de.ep_nodes)
+        ep_s = ep / min(de.tx.model_rate(self.now), de.rx.model_rate(self.now)) if ep else 0.0
+        de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps, ep_s)
+        if self.shared:
+            de.step_s *= self._slowdown(de)
+        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / de.step_s)
+        due = self.now + max(0.0, de.members[0][0] - de.steps) * de.step_s
+        self.at(due, self._decode_event, de, de.version)
+
+    def _decode_event(self, de: DecodeEngine, version: int) -> None:
+        if version != de.version:
+            return  # the batch changed since this was due
+        self._advance(de)
+        while de.members and de.members[0][0] <= de.steps + 1e-6:
+            finish, rid = heapq.heappop(de.members)
+            de.n -= 1
+            de.ctx_base -= self.cols["prompt_tokens"][rid] - (finish - self.cols["gen_len"][rid] + 1)
+            self._complete(de, rid)
+        self._admit(de)
+
+    def _complete(self, de: DecodeEngine, rid: int) -> None:
+        c = self.cols
+        c["done"][rid] = self.now
+        gen, prompt, hit = int(c["gen_len"][rid]), int(c["prompt_tokens"][rid]), int(c["hit_tokens"][rid])
+        if gen > 1:
+            c["tpot"][rid] = (self.now - c["first_token"][rid]) / (gen - 1)
+        else:
+            c["ttst"][rid] = np.nan
+        if self.cfg.use_store:  # every block that filled, the prompt's new ones first
+            de.node.write_bytes += ((prompt + gen - 1) // self.T - hit // self.T) * self.T * self.kvb
+        self.scheduler.update(de.rank, -1, -(prompt + gen))
+        self.dirty = True
+        self.completed += 1
+        agent = int(c["agent"][rid])
+        self.context[agent] = prompt + gen
+        self.next_turn[agent] += 1
+        if self.next_turn[agent] < len(self.append[agent]):
+            if self.trace is not None and self.trace.pause[agent][self.next_turn[agent]] > 0:  # recorded
+                self.at(self.now + float(self.trace.pause[agent][self.next_turn[agent]]), self._submit, agent)
+            elif self.think_s and self.trace is None:
+                self.at(self.now + self.rng.exponential(self.think_s), self._submit, agent)
+            else:
+                self._submit(agent)
