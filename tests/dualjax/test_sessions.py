@@ -1,6 +1,7 @@
 """Recorded agentic sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`): the 30 files parse and give the
 hit rate traces/README §4 states; equal hash ids are equal tokens and sessions share nothing; bad
-files are rejected with their place; a real run gives the no-store reference's tokens."""
+files are rejected with their place; a real run gives the no-store reference's tokens; the simulator
+replays the trace's own hits and pauses."""
 
 import gzip
 import json
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 from dualjax.cli.verify import tokens_of
-from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
 from dualjax.core.sessions import SessionSpec, load_sessions, session_hits, session_prompts, session_table
 from dualjax.core.workload import WorkloadError, load_workload
 from dualjax.runtime.launch import run_embedded
+from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
 
 TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "agentic-coding")
@@ -119,3 +121,15 @@ def test_an_embedded_run_gives_the_reference_tokens_and_states_the_trace_hit_rat
     assert report["hit_rate"] == pytest.approx(report["trace_hit_rate_at_block"])
     assert 0.5 < report["trace_hit_rate_at_block"] < report["trace_hit_rate"] < 0.9
     assert "trace_hit_gap" in report
+
+
+def test_the_simulator_replays_the_sessions_hits_and_pauses(two):
+    cfg = SimConfig(ClusterSpec(2, 4), workload=f"sessions:{two}", agents=6)
+    zero = simulate(cfg, progress=False)
+    tab = session_table(_spec(two), 6)
+    assert zero["requests"] == sum(len(p) for p in tab.prompt)
+    assert zero["prompt_tokens"] == sum(p.sum() for p in tab.prompt)
+    assert zero["hit_rate"] == pytest.approx(zero["trace_hit_rate_at_block"]) and zero["trace_hit_rate"] > 0.7
+    recorded = simulate(cfg.replace(think_time="recorded"), progress=False)
+    longest = max(p.sum() for p in session_table(_spec(two), 6, think_time="recorded").pause)
+    assert recorded["jct_s"] > longest > zero["jct_s"]
