@@ -1,9 +1,12 @@
 """TensorStore-backed KV block store with per-host storage NIC models. Knows nothing of JAX or MPI."""
 
+from kvstore.errors import FingerprintMismatch, StoreError
 from kvstore.hashing import ROOT, BlockId, block_chain, check_hash, hash_block
 from kvstore.layout import BlockLayout
+from kvstore.reads import BlockRead
 from kvstore.snic import ReadTicket, StorageNIC
-from kvstore.store import MANIFEST, BlockStore, FingerprintMismatch, StoreError, local_spec
+from kvstore.store import COUNTERS, MANIFEST, SLOT_BITS, BlockStore, local_spec
 
 __all__ = ["ROOT", "BlockId", "block_chain", "check_hash", "hash_block", "BlockLayout", "ReadTicket", "StorageNIC",
-           "MANIFEST", "BlockStore", "FingerprintMismatch", "StoreError", "local_spec"]
+           "MANIFEST", "BlockStore", "BlockRead", "FingerprintMismatch", "StoreError", "local_spec", "COUNTERS",
+           "SLOT_BITS"]

@@ -108,7 +108,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> 
 
 def cap_figures(layout: kv.BlockLayout, n: int, workdir: str, cap_mbps: float) -> dict:
     with kv.BlockStore(kv.local_spec(os.path.join(workdir, "read-" + layout.fingerprint()[:8])), layout) as store:
-        hashes = list(store._lru)[:n]
+        hashes = store.hashes()[:n]
         nic = kv.StorageNIC("bench", cap_bytes_per_s=cap_mbps * 1e6)
         t0 = time.perf_counter()
         valid = nic.read(store, hashes).wait()

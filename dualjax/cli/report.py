@@ -27,6 +27,9 @@ def main(args) -> int:
     widths = [max(len(x[i]) for x in rows) for i in range(len(COLUMNS))]
     for x in rows:
         print("  ".join(v.rjust(w) for v, w in zip(x, widths)))
+    for name, r, _ in runs:  # what the KV store saw, summed over hosts
+        if r.get("store"):
+            print(f"store {name}: " + ", ".join(f"{k} {v}" for k, v in r["store"].items()))
     plot_compare(args.png, runs)
     print(f"figure: {args.png}")
     return 0

@@ -204,6 +204,8 @@ class RunConfig(Settings):
     de_buffer_mb: float = setting(512.0, "DE host buffer, MB")
     decode_slots: int = setting(8, "sequences a decode host decodes together")
     store: str | None = setting(None, "store directory (default: OUT/store)")
+    store_gb: float | None = setting(None, "KV store byte budget in GB, LRU-evicted (default: the store filesystem's "
+                                     "free space less a margin)")
     out: str = setting("runs/latest", "output directory for requests.jsonl and report.json")
     hash_seed: int = setting(0, "block hash seed", cli=False)
     param_seed: int = setting(0, "random-weight seed", cli=False)
@@ -211,7 +213,7 @@ class RunConfig(Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive(self, "pe_buffer_mb", "de_buffer_mb", "decode_slots")
+        _positive(self, "pe_buffer_mb", "de_buffer_mb", "decode_slots", "store_gb")
 
     @property
     def store_dir(self) -> str:

@@ -47,6 +47,34 @@ class SnicStats:
     series: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (s, cumulative bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class StoreCounters:
+    """What the KV store saw, per host and summed under report.json's `store`: blocks read and
+    verified, bad blocks (corrupt, truncated, missing data: read as misses and recomputed), misses
+    (no index entry at read time), index entries invalidated, write-backs that failed (disk full,
+    I/O error, permission: blocks left uncached) and blocks evicted by the byte budget."""
+
+    blocks_read: int = 0
+    bad_blocks: int = 0
+    misses: int = 0
+    invalidated: int = 0
+    write_failures: int = 0
+    evicted: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: dict) -> StoreCounters:
+        return cls(**{f.name: int(counts.get(f.name, 0)) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def total(cls, counts) -> StoreCounters:
+        """The sum of several hosts' counters (dicts as StoreStats.counters holds them)."""
+        rows = [dataclasses.astuple(cls.from_counts(c)) for c in counts]
+        return cls(*(sum(col) for col in zip(*rows))) if rows else cls()
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass
 class StoreStats:
     """What a host's view of the KV store saw."""

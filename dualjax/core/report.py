@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from dualjax.core.records import HostStats
+from dualjax.core.records import HostStats, StoreCounters
 
 TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "done", "stored")
 
@@ -108,6 +108,7 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
             (cols["ttft"] <= slo[0]) & (np.isnan(tpot) | (tpot <= slo[1]))))},
         "paths": {str(p): int(n) for p, n in zip(paths, counts)},
         "restarts": int(cols["restarts"].sum()),
+        "store": StoreCounters.total(h.store.counters for h in hosts if h.store is not None).to_json(),
         "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
         "snic_max_over_avg_all_windows": snic_balance(hosts, steady=False),
         "hosts": per_host,

@@ -54,6 +54,22 @@ class _Live:
         self.ids = block_chain(a.request.tokens, rkv.layout)
 
 
+@dataclasses.dataclass(frozen=True)
+class _WriteBack:
+    """Writer queue: full blocks to cache in the store, then DE buffer bytes to release."""
+
+    ids: list  # [BlockId] * n
+    blocks: np.ndarray  # [n, L, T, *record]
+    release: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finished:
+    """Writer queue: a request whose write-backs are all queued before this; tell rank 0."""
+
+    live: _Live
+
+
 class DecodeHost(Host):
     role, reads_on = "decode", "de"
 
@@ -165,7 +181,7 @@ class DecodeHost(Host):
             full = live.a.request.prompt_len // T
             new = list(range(done.hit_blocks, full)) if self.store else []
             # Prompt blocks the store lacks, straight from the DE buffer; the buffer is freed after.
-            self.write_q.put(("put", [live.ids[b] for b in new], live.rkv.blocks[new], live.nbytes))
+            self.write_q.put(_WriteBack([live.ids[b] for b in new], live.rkv.blocks[new], live.nbytes))
             if live.a.request.gen_len <= 1:
                 self._finish(live)
             else:
@@ -178,21 +194,24 @@ class DecodeHost(Host):
             return
         seq = np.concatenate([live.a.request.tokens, np.asarray(live.tokens, np.int32)])
         ids = block_chain(seq[:n], self.layout)[-1:]
-        self.write_q.put(("put", ids, np.asarray(self.cache.row(slot, n - T, n))[None], 0))
+        self.write_q.put(_WriteBack(ids, np.asarray(self.cache.row(slot, n - T, n))[None]))
 
     def _finish(self, live: _Live) -> None:
         live.times["done"] = time.time()
-        self.write_q.put(("complete", live, None, 0))
+        self.write_q.put(_Finished(live))
 
     def _write_loop(self) -> None:
-        for kind, what, blocks, release in self.drain(self.write_q):
-            if kind == "put":
-                if what:
-                    self.store.put(what, blocks)
-                if release:
-                    self.buffer.release(release)
+        """Write-backs and completions in queue order. A write that fails (disk full, I/O error,
+        permission) leaves its blocks uncached (the store logs and counts it); the request still
+        completes and its next turn recomputes what is missing."""
+        for item in self.drain(self.write_q):
+            if isinstance(item, _WriteBack):
+                if item.ids:
+                    self.store.cache(item.ids, item.blocks)
+                if item.release:
+                    self.buffer.release(item.release)
                 continue
-            live = what
+            live = item.live
             self.live.pop(live.a.request.id, None)
             times = dict(live.times, token_times=live.token_times, stored=time.time())
             self.transport.send(0, Complete(live.a.request.id, live.tokens, live.prefill.hit_blocks, times))

@@ -4,12 +4,22 @@ A model config says what one token leaves in one layer's cache (`kv_record_shape
 `kv_format`); the store holds such records whatever they are. The layout's format string adds
 the model's name and, when known, the weights' identity, so KV is never served across models or
 checkpoints of the same shape.
+
+The store's byte budget is `--store-gb`, or by default what the store holds now plus the free
+space of its filesystem less a margin (5% of the filesystem, at least 1 GiB), so a run evicts
+least recently used blocks before the disk fills; should it fill anyway (another writer), a
+failed write-back only leaves blocks uncached.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import models
-from kvstore import BlockLayout, BlockStore, local_spec
+from kvstore import BlockLayout, BlockStore, StoreError, local_spec
+
+MARGIN_FRACTION, MARGIN_MIN_BYTES = 0.05, 1 << 30
 
 
 def layout_for(cfg, block_tokens: int = 64, hash_seed: int = 0, weights: str = "") -> BlockLayout:
@@ -25,6 +35,27 @@ def run_layout(cfg) -> BlockLayout:
     return layout_for(models.get_config(cfg.model), cfg.block_tokens, cfg.hash_seed)
 
 
+def default_budget(directory: str, held_bytes: int) -> int:
+    """What the store holds plus its filesystem's free space less the margin."""
+    usage = shutil.disk_usage(directory)
+    margin = max(int(usage.total * MARGIN_FRACTION), MARGIN_MIN_BYTES)
+    return held_bytes + max(0, usage.free - margin)
+
+
 def open_store(cfg) -> BlockStore | None:
-    """The run's store (refuses one with another fingerprint), or None for the reference run."""
-    return BlockStore(local_spec(cfg.store_dir), run_layout(cfg)) if cfg.use_store else None
+    """The run's store with its byte budget, or None for the reference run. Raises StoreError
+    (fail fast, before serving) on another fingerprint, an unwritable store, or a budget below one
+    block."""
+    if not cfg.use_store:
+        return None
+    os.makedirs(cfg.store_dir, exist_ok=True)
+    store = BlockStore(local_spec(cfg.store_dir), run_layout(cfg))
+    if cfg.store_gb is not None:
+        store.set_capacity(int(cfg.store_gb * 1e9))
+        return store
+    budget = default_budget(cfg.store_dir, store.stats()["bytes"])
+    if budget < store.layout.block_bytes:
+        raise StoreError(f"the filesystem of {cfg.store_dir} has {shutil.disk_usage(cfg.store_dir).free} B free, "
+                         f"less than the safety margin plus one block; free space or set --store-gb", "ENOSPC")
+    store.set_capacity(budget)
+    return store

@@ -148,10 +148,11 @@ def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
     ids, blocks = _chain(4), _blocks(4)
     store.put(ids[:2], blocks[:2])
     # Make the next chunk's file name a directory, so the real file write fails (EISDIR).
-    slot = (store._writer << 24) | store._counter
+    slot = (store._writer << kv.store.COUNTER_BITS) | store._counter
     os.makedirs(tmp_path / "store" / "data" / (f"{slot}" + ".0" * 5))
-    with pytest.raises(kv.StoreError, match="writing 2 blocks failed"):
+    with pytest.raises(kv.StoreError, match="writing 2 blocks failed") as e:
         store.put(ids[2:], blocks[2:])
+    assert e.value.cause == "EISDIR" and store.stats()["write_failures"] == 1
     fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)
     assert fresh.match_prefix([b.hash for b in ids]) == 2
     np.testing.assert_array_equal(np.stack(fresh.get_prefix([b.hash for b in ids])), blocks[:2])

@@ -1,0 +1,61 @@
+"""One block read in flight, checked against its index entry's per-layer checksums."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xxhash
+
+log = logging.getLogger("kvstore.store")
+
+
+class BlockRead:
+    """One block read in flight: `done()`, and `result()` -> the verified block or None.
+
+    The block stays pinned against eviction until `result()` is called (or the BlockRead is
+    garbage-collected); no Python callback runs on TensorStore's threads.
+    """
+
+    def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, sums: np.ndarray | None):
+        self.store, self.hash, self.row, self.fut, self.layers, self.sums = store, h, row, fut, layers, sums
+        self._outcome: np.ndarray | None | bool = False  # False: not collected yet
+
+    def done(self) -> bool:
+        return self.fut is None or self.fut.done()
+
+    def result(self) -> np.ndarray | None:
+        if self._outcome is False:
+            try:
+                self._outcome = self._collect()
+            finally:
+                self.store._unpin(self.hash)
+        return self._outcome
+
+    def _bad(self, why: str) -> None:
+        log.warning("block %s unreadable, treated as a miss and dropped from the index: %s", self.hash, why)
+        self.store.counters["bad_blocks"] += 1
+        self.store.invalidate(self.hash)
+        return None
+
+    def __del__(self):
+        if self._outcome is False:
+            self.store._unpin(self.hash)
+
+    def _collect(self) -> np.ndarray | None:
+        counters = self.store.counters
+        if self.fut is None:
+            counters["misses"] += 1
+            return None
+        try:
+            self.fut.result()
+        except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
+            return self._bad(str(e).splitlines()[0][:200])
+        for layer in self.layers:
+            if xxhash.xxh3_64_intdigest(self.row[layer]) != self.sums[layer]:
+                return self._bad(f"checksum mismatch in layer {layer}")
+        counters["layer_blocks_read"] += len(self.layers)
+        counters["bytes_read"] += self.row[0].nbytes * len(self.layers)
+        if self.layers.stop == self.store.layout.n_layers:  # a block counts once, at its last layer
+            counters["blocks_read"] += 1
+        return self.row

@@ -1,0 +1,123 @@
+"""A store is a cache: failed writes are blocks not cached, a byte budget evicts LRU blocks (never
+one being read), and everything that is read is still bit-exact."""
+
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+
+LAYOUT = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
+
+
+def _data(n, offset=0):
+    ids = kv.block_chain(np.arange(offset, offset + n * LAYOUT.block_tokens) % 251, LAYOUT)
+    blocks = np.random.default_rng(offset).standard_normal((n, *LAYOUT.full_shape)).astype(np.float32)
+    return ids, blocks
+
+
+def test_slots_derive_from_one_constant(tmp_path):
+    with kv.BlockStore(kv.local_spec(tmp_path / "s"), LAYOUT) as s:
+        assert s.array.shape[0] == 1 << kv.SLOT_BITS
+        slots = [s._next_slot() for _ in range(3)]
+        assert all(0 <= x < 1 << kv.SLOT_BITS for x in slots) and slots[1] == slots[0] + 1
+        assert s._writer < 1 << kv.store.WRITER_BITS
+
+
+def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch, caplog):
+    ids, blocks = _data(4)
+    with kv.BlockStore("memory://", LAYOUT) as s:
+        real = kv.BlockStore._write_blocks
+        faults = iter([errno.ENOSPC, errno.ENOSPC, errno.EIO])
+
+        def failing(self, todo):
+            raise OSError(next(faults), "injected")
+
+        monkeypatch.setattr(kv.BlockStore, "_write_blocks", failing)
+        with caplog.at_level(logging.WARNING, logger="kvstore.store"):
+            assert [s.cache(ids[i:i + 1], blocks[i:i + 1]) for i in range(3)] == [0, 0, 0]
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 2 and "ENOSPC" in warnings[0] and "EIO" in warnings[1]
+        assert s.stats()["write_failures"] == 3 and s.match_prefix([b.hash for b in ids]) == 0
+        monkeypatch.setattr(kv.BlockStore, "_write_blocks", real)
+        assert s.cache(ids, blocks) == 4  # the next turn writes them
+        np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), blocks)
+        with pytest.raises(ValueError, match="Full Blocks"):  # a bug still raises
+            s.cache(ids[:1], blocks[:1, :1])
+
+
+def test_eviction_frees_data_through_the_array_and_keeps_reads_exact(tmp_path):
+    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(12)
+    with kv.BlockStore(spec, LAYOUT, capacity_bytes=3 * LAYOUT.block_bytes) as s:
+        for i in range(12):
+            s.put(ids[i:i + 1], blocks[i:i + 1])
+            got = s.get([b.hash for b in ids[:i + 1]])
+            for j, r in enumerate(got):
+                row = r.result()
+                assert row is None or np.array_equal(row, blocks[j])
+        assert s.stats()["evicted"] == 9 and s.stats()["bad_blocks"] == 0
+        assert [s.contains(b.hash) for b in ids] == [False] * 9 + [True] * 3
+    assert len(os.listdir(tmp_path / "s" / "index")) == 3
+    assert len([f for f in os.listdir(tmp_path / "s" / "data") if f != "zarr.json"]) == 3
+
+
+def test_a_block_being_read_by_another_store_on_the_directory_is_not_evicted(tmp_path):
+    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(4)
+    reader = kv.BlockStore(spec, LAYOUT)
+    writer = kv.BlockStore(spec, LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes)
+    writer.put(ids[:2], blocks[:2])
+    inflight = reader.get([ids[0].hash])  # pinned until result()
+    writer.put(ids[2:3], blocks[2:3])  # over budget: the oldest unpinned block goes, not ids[0]
+    assert writer.contains(ids[0].hash) and not writer.contains(ids[1].hash)
+    np.testing.assert_array_equal(inflight[0].result(), blocks[0])
+
+
+def test_a_store_that_cannot_be_written_fails_at_open(tmp_path):
+    spec = kv.local_spec(tmp_path / "s")
+    kv.BlockStore(spec, LAYOUT).close()
+    shutil.rmtree(tmp_path / "s" / "index")
+    (tmp_path / "s" / "index").write_text("not a directory")
+    with pytest.raises(kv.StoreError, match="cannot open store"):
+        kv.BlockStore(spec, LAYOUT)
+
+
+def _small_filesystem_works(path) -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k none {path}"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def test_a_full_filesystem_fails_writes_not_the_store(tmp_path):
+    """A real ENOSPC: a 256 KiB tmpfs (in a user namespace) holds ~7 blocks of 32 KiB."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if not _small_filesystem_works(mnt):
+        pytest.skip("cannot mount a small tmpfs in a user namespace here")
+    code = textwrap.dedent(f"""
+        import json, numpy as np, kvstore as kv
+        layout = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
+        ids = kv.block_chain(np.arange(20 * 64) % 251, layout)
+        blocks = np.random.default_rng(0).standard_normal((20, *layout.full_shape)).astype(np.float32)
+        with kv.BlockStore(kv.local_spec({str(mnt / "s")!r}), layout) as s:
+            stored = [s.cache(ids[i:i + 1], blocks[i:i + 1]) for i in range(20)]
+            got = s.get_prefix([b.hash for b in ids])
+            exact = all(np.array_equal(g, b) for g, b in zip(got, blocks))
+            print(json.dumps({{"stored": stored, "read": len(got), "exact": exact, **s.stats()}}))
+    """)
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=256k none {mnt} && '
+                           f'"{sys.executable}" -c "$0"', code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < sum(out["stored"]) < 20 and out["write_failures"] == 20 - sum(out["stored"])
+    assert out["exact"] and out["read"] == out["stored"].index(0)
+    assert proc.stderr.count("KV store write failed (ENOSPC)") == 1  # logged once
