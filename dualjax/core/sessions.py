@@ -204,6 +204,7 @@ class SessionTable:
     hit: list[np.ndarray]
     gen: list[np.ndarray]
     pause: list[np.ndarray]
+    dropped: int = 0  # requests of the loaded sessions left out by `max_len`
 
     @property
     def trace_hit_rate(self) -> float:
@@ -211,27 +212,38 @@ class SessionTable:
 
 
 def session_table(spec: SessionSpec, agents: int | None = None, seed: int = 0, think_time: str = "zero",
-                  arrivals=None) -> SessionTable:
+                  arrivals=None, max_len: int | None = None) -> SessionTable:
     """The agents of a session workload: each loaded session once, then (agents > sessions) sessions
     drawn with replacement. Offline (`arrivals` None), a copy starts at a uniform offset within its
-    session's first recorded turn (response + pause); online, `arrivals(n)` gives the n start times."""
-    sessions = load_sessions(spec.path, spec.limit)
+    session's first recorded turn (response + pause); online, `arrivals(n)` gives the n start times.
+    `max_len` (the model's context) ends a session before its first request whose prompt + generation
+    exceeds it (PAPER.md §6's MaxLen rule); a session whose first request does is left out."""
+    loaded = load_sessions(spec.path, spec.limit)
     factor = pause_factor(think_time)
-    n = agents or len(sessions)
-    extra = stream("session-sample", seed).integers(0, len(sessions), max(0, n - len(sessions)))
-    which = np.concatenate([np.arange(min(n, len(sessions))), extra]).astype(np.int64)
-    copy = np.where(np.arange(n) < len(sessions), 0, np.arange(n))
+    turns = {}
+    for i, s in enumerate(loaded):
+        prompt, hit = session_hits(s, spec.scale)
+        gen = np.maximum(1, np.round(s.outputs * spec.scale)).astype(np.int64)
+        fits = prompt + gen <= (max_len or np.inf)
+        kept = len(prompt) if fits.all() else int(np.argmin(fits))
+        if kept:
+            turns[i] = (prompt[:kept], hit[:kept], gen[:kept], s.pauses[:kept] * factor)
+    if not turns:
+        raise SessionError(f"{spec.path}: no session's first request fits the model's {max_len} tokens; "
+                           f"shrink them with LENGTH_SCALE")
+    usable = np.array(sorted(turns))
+    n = agents or len(usable)
+    extra = usable[stream("session-sample", seed).integers(0, len(usable), max(0, n - len(usable)))]
+    which = np.concatenate([usable[:n], extra]).astype(np.int64)
+    copy = np.where(np.arange(n) < len(usable), 0, np.arange(n))
     if arrivals is not None:
         start = np.asarray(arrivals(n), float)
     else:
         rng = stream("session-sample", seed, 1)
-        span = [sessions[i].api_s[0] + factor * (sessions[i].pauses[1] if len(sessions[i].pauses) > 1 else 0.0)
-                for i in which]
+        span = [loaded[i].api_s[0] + (turns[i][3][1] if len(turns[i][3]) > 1 else 0.0) for i in which]
         start = np.where(copy > 0, rng.uniform(0, 1, n) * np.array(span), 0.0)
-    lengths = {i: session_hits(sessions[i], spec.scale) for i in set(which.tolist())}
-    gen = {i: np.maximum(1, np.round(sessions[i].outputs * spec.scale)).astype(np.int64) for i in lengths}
-    return SessionTable(which, copy, start, [lengths[i][0] for i in which], [lengths[i][1] for i in which],
-                        [gen[i] for i in which], [sessions[i].pauses * factor for i in which])
+    dropped = sum(len(s.inputs) for s in loaded) - sum(len(t[0]) for t in turns.values())
+    return SessionTable(which, copy, start, *([turns[i][k] for i in which] for k in range(4)), dropped)
 
 
 # -- tokens (what a real run needs) ---------------------------------------------------------------

@@ -259,10 +259,10 @@ def slo_for(name: str) -> tuple[float, float]:
 
 
 def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,
-                  aps: float | None = None, think_time: str = "zero") -> list[Agent]:
+                  aps: float | None = None, think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
     """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT]` or `sessions:PATH[:LIMIT[:SCALE]]`."""
     if name.startswith("sessions:"):
-        return session_agents(name, vocab, seed, agents, aps, think_time)
+        return session_agents(name, vocab, seed, agents, aps, think_time, max_len)
     if name.startswith("mooncake:"):
         parts = name.split(":")
         return mooncake_trace(parts[1], vocab, limit=int(parts[2]) if len(parts) > 2 else agents, seed=seed,
@@ -293,19 +293,20 @@ def trace_hits(agents: list[Agent], block_tokens: int) -> dict:
 
 
 def session_agents(name: str, vocab: int, seed: int = 0, agents: int | None = None, aps: float | None = None,
-                   think_time: str = "zero") -> list[Agent]:
+                   think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
     """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`: recorded agentic sessions, one agent each
-    (`dualjax.core.sessions`); `agents` takes the first sessions, or samples them when it is larger."""
+    (`dualjax.core.sessions`); `agents` takes the first sessions, or samples them when it is larger;
+    a session ends before a request longer than `max_len` (the model's context)."""
     try:
         spec = sessions.parse_spec(name)
         arrivals = None if aps is None else (lambda n: start_times(n, seed, aps))
-        table = sessions.session_table(spec, agents, seed, think_time, arrivals)
+        table = sessions.session_table(spec, agents, seed, think_time, arrivals, max_len)
         loaded = sessions.load_sessions(spec.path, spec.limit)
     except sessions.SessionError as e:
         raise WorkloadError(str(e)) from None
     out = []
     for a, (i, copy) in enumerate(zip(table.session.tolist(), table.copy.tolist())):
-        prompts = sessions.session_prompts(loaded[i], copy, vocab, spec.scale, seed)
+        prompts = sessions.session_prompts(loaded[i], copy, vocab, spec.scale, seed)[:len(table.prompt[a])]
         turns = [Turn(p[h:], int(g), p, float(z)) for p, h, g, z in
                  zip(prompts, table.hit[a].tolist(), table.gen[a].tolist(), table.pause[a].tolist())]
         out.append(Agent(float(table.start[a]), turns))

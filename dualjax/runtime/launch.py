@@ -42,7 +42,7 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     layout = run_layout(cfg)
     policy = policy or get_policy(cfg.policy)
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
-                           cfg.think_time)
+                           cfg.think_time, model_cfg.max_seq_len)
     th = thresholds(cfg)
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
@@ -91,7 +91,8 @@ def check_run(cfg: RunConfig) -> None:
     model_cfg = models.get_config(cfg.model)
     layout = run_layout(cfg)
     get_policy(cfg.policy)
-    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps, cfg.think_time)
+    load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps, cfg.think_time,
+                  model_cfg.max_seq_len)
     HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     HostBuffer("DE", int(cfg.de_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     open_store(cfg)

@@ -45,13 +45,21 @@ def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray]
             spec.think_s)
 
 
+def model_context(name: str) -> int:
+    """The longest context a model preset takes (its max_seq_len)."""
+    from models.config import get_config
+    from models.deepseek_config import DEEPSEEK_PRESETS
+    return (DEEPSEEK_PRESETS[name] if name in DEEPSEEK_PRESETS else get_config(name)).max_seq_len
+
+
 def session_trace(cfg: SimConfig) -> SessionTable:
     """Recorded sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`): a session's request can diverge from
     its previous context, so the engine takes each turn's prompt, trace hit tokens (hash ids) and
-    pause from this table, not from context + append."""
+    pause from this table, not from context + append. Sessions end at the model's context."""
     try:
         return session_table(parse_spec(cfg.workload), cfg.agents, cfg.workload_seed, cfg.think_time,
-                             None if cfg.aps is None else (lambda n: start_times(n, cfg.workload_seed, cfg.aps)))
+                             None if cfg.aps is None else (lambda n: start_times(n, cfg.workload_seed, cfg.aps)),
+                             model_context(cfg.model))
     except SessionError as e:
         raise SimError(str(e)) from None
 
@@ -80,7 +88,8 @@ def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None
              "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None,
              "prefill": sim.pe_summary(), "utilisation": sim.link_summary()}
     if sim.trace is not None:
-        extra.update(hit_summary(sim.trace.prompt, sim.trace.hit, cfg.block_tokens))
+        extra.update(hit_summary(sim.trace.prompt, sim.trace.hit, cfg.block_tokens),
+                     trace_requests_dropped=sim.trace.dropped)
     if out is None:
         from dualjax.core.report import summarize
         report = summarize(cols, sim.host_stats(), cfg, name, slo_for(cfg.workload))

@@ -133,3 +133,15 @@ def test_the_simulator_replays_the_sessions_hits_and_pauses(two):
     recorded = simulate(cfg.replace(think_time="recorded"), progress=False)
     longest = max(p.sum() for p in session_table(_spec(two), 6, think_time="recorded").pause)
     assert recorded["jct_s"] > longest > zero["jct_s"]
+
+
+def test_a_session_ends_before_a_request_longer_than_the_model_context(two):
+    loaded, spec = load_sessions(two), _spec(two)
+    cap = int(np.median(np.concatenate([session_hits(s)[0] + s.outputs for s in loaded])))
+    table = session_table(spec, max_len=cap)
+    for i, p, g in zip(table.session, table.prompt, table.gen):
+        full = session_hits(loaded[i])[0] + loaded[i].outputs
+        assert len(p) == (np.argmax(full > cap) if (full > cap).any() else len(full)) and (p + g <= cap).all()
+    assert table.dropped == sum(len(s.inputs) for s in loaded) - sum(len(p) for p in table.prompt) > 0
+    with pytest.raises(WorkloadError, match="no session's first request fits"):
+        load_workload(f"sessions:{two}", 256, max_len=100)
