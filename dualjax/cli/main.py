@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         from dualjax.cli.validate import main as validate_main
         validate_main(argv[2:])
         return 0
+    if argv[:2] == ["sim", "ablation"]:
+        from dualjax.cli.sim import ablation_main
+        return ablation_main(argv[2:])
     if argv and argv[0] == "bench":
         if len(argv) < 2 or argv[1] not in BENCHES:
             print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)

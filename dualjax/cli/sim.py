@@ -1,9 +1,11 @@
-"""The simulator's commands: `dualjax sim`, `dualjax sim validate`, `dualjax calibrate`, `dualjax plan --sweep`."""
+"""The simulator's commands: `dualjax sim`, `dualjax sim ablation`, `dualjax sim validate`, `dualjax calibrate`,
+`dualjax plan --sweep`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args
 
@@ -13,9 +15,10 @@ def add_parsers(sub) -> None:
                          "`dualjax sim validate` compares it with real runs")
     add_flags(sim, SimConfig)
     sim.add_argument("--find-capacity", action="store_true",
-                     help="search the highest APS within the SLO (starting from --aps, default 1)")
+                     help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
+                     "each trial runs arrivals for three agent lifetimes and scores the window after the first")
     sim.add_argument("--slo-attainment", type=float, default=0.9,
-                     help="fraction of requests that must meet the SLO for --find-capacity (default 0.9)")
+                     help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
     sim.add_argument("--out", default="runs/sim", help="report.json, requests.npz and plots (default runs/sim)")
     sim.add_argument("--json", metavar="FILE")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -47,8 +50,9 @@ def main(args) -> int:
         from dualjax.sim.search import find_capacity
         print(f"capacity search: {cfg.cluster.name} {cfg.policy} on {cfg.hardware}, {cfg.workload}")
         result = find_capacity(cfg, args.slo_attainment, args.aps or 1.0)
-        print(f"capacity: {result['capacity_aps']:.3f} agents/s with >= {args.slo_attainment:.0%} of requests "
-              f"within the SLO")
+        w = result["window_s"] or [0.0, 0.0]
+        print(f"capacity: {result['capacity_aps']:.3f} agents/s with >= {args.slo_attainment:.0%} of the requests "
+              f"arriving in the steady-state window {w[0]:.0f}-{w[1]:.0f} s within the SLO")
         _write_json(args.json, result)
         return 0
     report = simulate(cfg, out=args.out, progress=not args.quiet)
@@ -81,3 +85,51 @@ def cmd_sweep(args, window) -> dict:
     result = sweep_pd(cfg, args.nodes, window, hardware=hw)
     print(f"recommended: {result['recommended']} (highest tokens/s inside the window)")
     return result
+
+
+def ablation_main(argv) -> int:
+    """`dualjax sim ablation ... [--json FILE] [--png FILE]`: the ablation table, its JSON and a bar plot."""
+    from dualjax.cli.main import user_errors
+    from dualjax.sim.ablation import ablation
+    p = argparse.ArgumentParser(prog="dualjax sim ablation", description="Basic, + layerwise prefill, + dual-path "
+                                "loading (naive scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")
+    add_flags(p, SimConfig, skip=("policy", "scheduler", "layerwise", "aps"))
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--png", metavar="FILE", help="bar plot of JCT per step (default: next to --json, else none)")
+    args = p.parse_args(argv)
+    try:
+        cfg = from_args(SimConfig, args)
+        print(f"ablation: {cfg.cluster.name} x {cfg.agents or 'preset'} agents of {cfg.workload}, {cfg.model} on "
+              f"{cfg.hardware}")
+        result = ablation(cfg)
+    except user_errors() as e:
+        print(f"dualjax sim ablation: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'step':12s} {'JCT s':>9s} {'vs Basic':>9s} {'SNIC max/avg':>13s}")
+    for k, v in result["jct_s"].items():
+        print(f"{k:12s} {v:9.1f} {result['vs_basic'].get(k, 0):+9.1%} {result['snic_max_over_avg'][k] or 0:13.2f}")
+    png = args.png or (args.json.rsplit(".", 1)[0] + ".png" if args.json else None)
+    if png:
+        plot_ablation(png, result)
+        result["plot"] = png
+    _write_json(args.json, result)
+    return 0
+
+
+def plot_ablation(path: str, result: dict) -> None:
+    """JCT per ablation step, labelled with its change against Basic."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(result["jct_s"])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(range(len(names)), [result["jct_s"][n] for n in names], color="tab:blue")
+    for b, n in zip(bars, names):
+        ax.annotate(f"{result['vs_basic'].get(n, 0):+.0%}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    ax.set(ylabel="job completion time (s)",
+           title=f"ablation: {result['cluster']} x {result['agents']} agents, {result['workload']}, {result['model']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

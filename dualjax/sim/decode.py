@@ -43,6 +43,7 @@ class DecodeSide:
         nbytes = self.cols["prompt_tokens"][rid] * self.kvb
         done = max(de.node.dram.reserve(self.now, nbytes)[1], de.tx.reserve(self.now, nbytes)[1],
                    de.rx.reserve(self.now, nbytes)[1])
+        self._kv_queued(de)
         if done > self.now:
             self.at(done, self._first_token, de, rid)
         else:
@@ -57,6 +58,20 @@ class DecodeSide:
             return
         de.ready.append(rid)
         self._admit(de)
+
+    def _kv_queued(self, de: DecodeEngine) -> None:
+        """KV was queued on `de`'s compute NIC. Without priority it slows the EP all-to-all of the batch's
+        steps until the NIC drains (re-timed now and then); with priority nothing changes."""
+        if self.hw.kv_priority or not de.n:
+            return
+        self._advance(de)
+        self._retime(de)
+        self.at(max(de.tx.free_at, de.rx.free_at), self._kv_drained, de)
+
+    def _kv_drained(self, de: DecodeEngine) -> None:
+        if de.n:
+            self._advance(de)
+            self._retime(de)
 
     def _advance(self, de: DecodeEngine) -> None:
         if de.n:

@@ -139,7 +139,9 @@ class PrefillSide:
         if w.path == "de":
             de = self.engines[int(self.cols["de"][w.rid])]
             de.node.relay_bytes += nbytes
-            return max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+            end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+            self._kv_queued(de)
+            return end
         return max(pe.node.dram.reserve(t, nbytes)[1], pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
 
     def _output(self, w: Row, pe: PrefillEngine, t: float) -> float:
@@ -149,7 +151,9 @@ class PrefillSide:
         hit, prompt = int(c["hit_tokens"][rid]), int(c["prompt_tokens"][rid])
         out = (prompt if w.path != "de" else prompt - hit) * self.kvb
         de = self.engines[int(c["de"][rid])]
-        return max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
+        end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
+        self._kv_queued(de)
+        return end
 
     def _end_group_pass(self, g, plans, outputs) -> None:
         streamed = dict(outputs)
