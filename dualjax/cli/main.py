@@ -25,7 +25,7 @@ import sys
 from dualjax.core.config import RunConfig, add_flags, from_args
 
 BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
-           "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e"}
+           "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e", "dataplane": "dualjax.bench.dataplane"}
 
 
 def user_errors() -> tuple[type[Exception], ...]:

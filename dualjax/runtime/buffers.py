@@ -2,10 +2,15 @@
 
 A request that does not fit waits (FIFO) until earlier ones release; it is never dropped. One
 larger than the whole budget can never fit and is refused at once with the figure to raise.
+`BufferPool` recycles the transport's receive buffers: a fresh NumPy array of megabytes costs
+page faults on first touch (about a third of a shared-memory MPI transfer's time here), a
+reused one does not.
 """
 
 from __future__ import annotations
 
+import queue
+import sys
 import threading
 
 import numpy as np
@@ -51,37 +56,129 @@ class HostBuffer:
             self._cond.notify_all()
 
 
-class RequestKV:
-    """One request's prompt KV in host DRAM, kept as Full Blocks `blocks` [nb, L, T, 2, K, H].
+class BufferPool:
+    """Receive buffers by power-of-two size class, reused once nothing references them.
 
-    Storage reads land in `blocks` directly; layer messages scatter into it (`write`); the store
-    write-back takes its rows as they are; `sequence()` is the [L, S, 2, K, H] view a decode
-    cache takes.
+    `take(nbytes)` returns a uint8 view of a pooled buffer; every array derived from it keeps the
+    buffer alive, and the buffer is handed out again only when the CPython reference count says
+    no view of it is left (so a receiver may keep a delivered array as long as it likes). At most
+    `keep_bytes` are pooled; past that, buffers are plain allocations freed as usual. Not
+    thread-safe: one thread takes (the transport's progress thread); any thread may drop views.
+    """
+
+    def __init__(self, keep_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
+        self.keep_bytes, self.min_bytes = keep_bytes, min_bytes
+        self.pooled = 0
+        self.hits = self.misses = 0
+        self._classes: dict[int, list[np.ndarray]] = {}
+
+    def take(self, nbytes: int) -> np.ndarray:
+        size = max(self.min_bytes, 1 << max(nbytes - 1, 0).bit_length())
+        bufs = self._classes.setdefault(size, [])
+        for buf in bufs:
+            if sys.getrefcount(buf) <= _FREE_REFS:  # the list, the loop variable, getrefcount's argument
+                self.hits += 1
+                return buf[:nbytes]
+        self.misses += 1
+        buf = np.empty(size, np.uint8)
+        if self.pooled + size <= self.keep_bytes:
+            bufs.append(buf)
+            self.pooled += size
+        return buf[:nbytes]
+
+
+_FREE_REFS = 3
+
+
+class RequestKV:
+    """One request's prompt KV in host DRAM: `blocks` [nb, L, T, *record] (Full Blocks) is a view
+    of memory laid out layer-major, [L, nb, T, *record], so one layer of all blocks is contiguous.
+
+    Storage reads land in `blocks` directly (TensorStore writes any strided array); layer messages
+    go into it (`write`); the store write-back takes its rows; `layer()` (what a PE computes over
+    and what a DE relays) and `sequence()` (what a decode cache takes) are views, not gathers.
     """
 
     def __init__(self, layout, n_tokens: int):
         self.layout, self.n_tokens = layout, n_tokens
         nb = -(-n_tokens // layout.block_tokens)
-        self.blocks = np.zeros((nb, *layout.full_shape), layout.np_dtype)
+        self.by_layer = np.zeros((layout.n_layers, nb, layout.block_tokens, *layout.record_shape), layout.np_dtype)
+        self.blocks = np.swapaxes(self.by_layer, 0, 1)  # [nb, L, T, *record], a view
 
     @staticmethod
     def nbytes(layout, n_tokens: int) -> int:
         return -(-n_tokens // layout.block_tokens) * layout.block_bytes
 
+    def _tokens(self, layer: int) -> np.ndarray:
+        return self.by_layer[layer].reshape(-1, *self.layout.record_shape)  # a view: the layer is contiguous
+
     def write(self, layer: int, start: int, kv: np.ndarray) -> None:
-        """Tokens [start, start + len(kv)) of `layer`: kv [n, 2, K, H]."""
-        T, end = self.layout.block_tokens, start + kv.shape[0]
+        """Tokens [start, start + len(kv)) of `layer`: kv [n, *record]."""
+        end = start + kv.shape[0]
         if end > self.n_tokens:
             raise ValueError(f"KV for tokens [{start}, {end}) past the request's {self.n_tokens} tokens")
-        for b in range(start // T, -(-end // T)):
-            lo, hi = max(start, b * T), min(end, (b + 1) * T)
-            self.blocks[b, layer, lo - b * T:hi - b * T] = kv[lo - start:hi - start]
+        self._tokens(layer)[start:end] = kv
 
     def layer(self, layer: int, stop: int) -> np.ndarray:
-        """Tokens [0, stop) of `layer` as one [stop, 2, K, H] array (a copy)."""
-        return self.blocks[:, layer].reshape(-1, *self.layout.layer_shape[1:])[:stop]
+        """Tokens [0, stop) of `layer` as one [stop, *record] array: a view of the buffer, valid
+        while it is (copy it before the request's buffer room is released)."""
+        return self._tokens(layer)[:stop]
+
+    def layer_view(self, layer: int, blocks: int) -> np.ndarray:
+        """Layer `layer` of the first `blocks` Full Blocks, [blocks, T, *record]: a contiguous view
+        (the transport sends it as it lies)."""
+        return self.by_layer[layer, :blocks]
 
     def sequence(self) -> np.ndarray:
-        """[L, S, 2, K, H] (a copy)."""
-        L = self.layout.n_layers
-        return np.swapaxes(self.blocks, 0, 1).reshape(L, -1, *self.layout.layer_shape[1:])[:, :self.n_tokens]
+        """[L, S, *record], a view."""
+        return self.by_layer.reshape(self.layout.n_layers, -1, *self.layout.record_shape)[:, :self.n_tokens]
+
+
+class LayerStager:
+    """Prepares a request's layers ahead of the compute loop, on its own thread.
+
+    `prepare(layer)` (which may block until that layer arrived from storage or the relay, then
+    gathers it into one array, or starts its transfer to the device) runs for layer l+1 while
+    layer l computes; at most `ahead` prepared layers wait. `get(layer)`, called in layer order,
+    returns the prepared layer and re-raises what `prepare` raised. `close()` stops early.
+    """
+
+    def __init__(self, prepare, n_layers: int, ahead: int = 1):
+        self._q: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._next = 0
+        self._thread = threading.Thread(target=self._run, args=(prepare, n_layers), name="layer-stager", daemon=True)
+        self._thread.start()
+
+    def _run(self, prepare, n_layers: int) -> None:
+        for layer in range(n_layers):
+            try:
+                item = (layer, prepare(layer), None)
+            except Exception as e:  # noqa: BLE001 - re-raised in the consumer by get()
+                item = (layer, None, e)
+            while not self._stop.is_set():
+                try:
+                    self._q.put(item, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            if item[2] is not None or self._stop.is_set():
+                return
+
+    def get(self, layer: int):
+        if layer != self._next:
+            raise ValueError(f"LayerStager: layer {layer} asked, {self._next} is next")
+        _, value, error = self._q.get()
+        self._next += 1
+        if error is not None:
+            raise error
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=5)

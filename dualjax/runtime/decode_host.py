@@ -127,7 +127,7 @@ class DecodeHost(Host):
 
     def _relay(self, live: _Live, ticket) -> None:
         """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""
-        a, T = live.a, self.layout.block_tokens
+        a = live.a
         while not self.pe_ready[a.request.id].wait(0.1):
             if self.stop.is_set():
                 return
@@ -136,7 +136,8 @@ class DecodeHost(Host):
             ticket.wait()
         for layer in range(self.layout.n_layers):
             valid = ticket.wait_layer(layer)
-            self.transport.send(a.pe, LayerKV(a.request.id, layer, 0, live.rkv.layer(layer, a.hit_blocks * T), valid))
+            # the layer's slice of the hit blocks as it lies in the buffer: the transport sends it without a gather
+            self.transport.send(a.pe, LayerKV(a.request.id, layer, 0, live.rkv.layer_view(layer, a.hit_blocks), valid))
 
     # -- decoding ---------------------------------------------------------------------------------
     def _decode_loop(self) -> None:

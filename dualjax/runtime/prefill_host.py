@@ -166,7 +166,7 @@ class PrefillHost(Host):
         def from_relay(layer):
             inbox.wait(lambda: layer in inbox.layers, self.stop)
             msg = inbox.layers[layer]
-            return msg.valid, msg.kv
+            return msg.valid, msg.kv.reshape(-1, *self.layout.record_shape)  # [blocks, T, ...] -> [tokens, ...]
 
         if a.path == "de" and a.hit_blocks:
             return from_relay, lambda: len(inbox.layers) == self.layout.n_layers

@@ -2,24 +2,32 @@
 
 * `InProcFabric`/`InProcTransport`: threads and queues in one process (tests, notebooks, demo).
 * `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call (threads blocked
-  in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled,
-  high priority) and bulk messages: `LayerKV`, sent as a header plus raw chunks of at most
-  `chunk_bytes` with the upper-case buffer calls, and what must stay in order with them
-  (`PrefillDone`). A control message waits for at most a window of chunks, never a whole layer.
-  The receiver pre-posts every chunk's receive when a header arrives, so MPI moves the bytes.
-  `priority=False` sends everything in submission order (the FIFO baseline of `dualjax.bench.relay`).
+  in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled by
+  the transport, sent at once: high priority) and bulk messages: `LayerKV`, sent as a small
+  pickled header plus the array's bytes in data messages of at most `chunk_bytes` (a strided
+  layer slice of Full Blocks goes as it lies, described by an MPI datatype: no gather copy), and
+  what must stay in order with them (`PrefillDone`). At most `window` data messages are in
+  flight, so a control message waits behind at most `window * chunk_bytes` of KV, never a
+  backlog of layers (the preemption points). The receiver posts every chunk's receive into a
+  recycled buffer (`BufferPool`: no page faults) as soon as the header arrives, so MPI moves the
+  bytes; completions are collected with `Testsome`. `priority=False` sends everything in
+  submission order (the FIFO baseline of `dualjax.bench.relay`).
+* `sent_bytes`: "kv" counts KV payload bytes, "control" the pickled bytes of every other message
+  and of the KV headers.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import pickle
 import queue
 import threading
 import time
 
 import numpy as np
 
+from dualjax.runtime.buffers import BufferPool
 from dualjax.runtime.messages import LayerKV
 
 
@@ -69,8 +77,8 @@ class InProcTransport(Transport):
         if isinstance(msg, LayerKV):  # a copy, as a network would make: the sender may reuse its buffer
             msg = dataclasses.replace(msg, kv=np.array(msg.kv, copy=True))
             self.sent_bytes["kv"] += msg.kv.nbytes
-        else:
-            self.sent_bytes["control"] += 1
+        else:  # the bytes the MPI transport would send
+            self.sent_bytes["control"] += len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         self.fabric.inboxes[dst].put((self.rank, msg))
 
     def recv(self, timeout: float | None = None):
@@ -96,31 +104,41 @@ class _Abort:
 
 
 TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA = 11, 12, 13
-DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 2 << 20
+DEFAULT_WINDOW = 2
 
 
 class MpiTransport(Transport):
     """mpi4py transport with a progress thread; see the module docstring."""
 
-    def __init__(self, comm, priority: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES, window: int = 8):
+    def __init__(self, comm, priority: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 window: int = DEFAULT_WINDOW, pool: BufferPool | None = None):
         super().__init__()
         from mpi4py import MPI  # imported here so in-process runs never load MPI
 
         self.MPI, self.comm, self.rank, self.size = MPI, comm, comm.Get_rank(), comm.Get_size()
         self.priority, self.chunk_bytes, self.window = priority, chunk_bytes, window
+        self.pool = pool or BufferPool()
         self._ctrl: collections.deque = collections.deque()
         self._kv: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._inbox: queue.Queue = queue.Queue()
-        self._assembly: dict[int, collections.deque] = {}  # source -> (header, buffer, posted receives), in order
-        self._pending: list = []  # outstanding send requests (and the buffers they read)
-        self._active: collections.deque = collections.deque()  # chunks of the KV message being sent
+        self._assembly: dict[int, collections.deque] = {}  # source -> [header, buffer, receives left], in order
+        self._recv_reqs: list = []  # outstanding data receives, and the assembly entry each completes
+        self._recv_of: list = []
+        self._send_reqs: list = []  # outstanding sends, and what each reads (kept alive until done)
+        self._send_keep: list = []
+        self._data_in_flight = 0
+        self._active: collections.deque = collections.deque()  # data pieces of the KV message being sent
+        self._types: dict[tuple, object] = {}  # committed strided datatypes, by (rows, row bytes, stride)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"mpi-progress-{self.rank}", daemon=True)
         self._thread.start()
 
     def send(self, dst: int, msg) -> None:
+        """Queue `msg` for `dst`. A `LayerKV`'s array is read until its send completes: the caller
+        must not modify it meanwhile (it may drop it)."""
         if self._error:
             raise self._error
         if dst == self.rank:
@@ -153,12 +171,14 @@ class MpiTransport(Transport):
         """Flush what was sent, then stop the progress thread."""
         while not self._error:
             with self._lock:
-                idle = not (self._ctrl or self._kv or self._active or self._pending)
+                idle = not (self._ctrl or self._kv or self._active or self._send_reqs)
             if idle:
                 break
             time.sleep(0.001)
         self._stop.set()
         self._thread.join()
+        for t in self._types.values():
+            t.Free()
 
     # -- progress thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -166,60 +186,133 @@ class MpiTransport(Transport):
             while not self._stop.is_set():
                 busy = self._poll_incoming()
                 busy |= self._push_outgoing()
-                self._pending = [(r, buf) for r, buf in self._pending if not r.Test()]
-                if not busy:
-                    time.sleep(0.0002 if not self._pending else 0)
+                busy |= self._reap_sends()
+                if not busy:  # nothing moved: yield the core (MPI copies in the calls, so poll soon)
+                    time.sleep(0.0002 if not (self._send_reqs or self._recv_reqs) else 0.00002)
         except BaseException as e:  # noqa: BLE001 - surfaced to the host thread on its next call
             self._error = e
 
     def _poll_incoming(self) -> bool:
         MPI, st, got = self.MPI, self.MPI.Status(), False
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_CTRL, status=st) or \
-                self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_KV_HEAD, status=st):
-            src, got = st.Get_source(), True
-            if st.Get_tag() == TAG_CTRL:
-                self._inbox.put((src, self.comm.recv(source=src, tag=TAG_CTRL)))
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
+            src, tag, got = st.Get_source(), st.Get_tag(), True
+            raw = bytearray(st.Get_count(MPI.BYTE))
+            self.comm.Recv([raw, MPI.BYTE], source=src, tag=tag)
+            msg = pickle.loads(raw)
+            if tag == TAG_CTRL:
+                self._inbox.put((src, msg))
                 continue
-            head, reqs, buf = self.comm.recv(source=src, tag=TAG_KV_HEAD), [], None
-            if isinstance(getattr(head, "kv", None), _Shape):  # pre-post every chunk's receive
-                buf, step = np.empty(head.kv.nbytes, np.uint8), head.kv.chunk
-                reqs = [self.comm.Irecv([buf[i:i + step], MPI.BYTE], source=src, tag=TAG_KV_DATA)
-                        for i in range(0, buf.size, step)]
-            self._assembly.setdefault(src, collections.deque()).append((head, buf, reqs))
+            entry = [msg, None, 0]
+            if isinstance(getattr(msg, "kv", None), _Shape):  # post every chunk's receive now
+                entry[1], step = self.pool.take(msg.kv.nbytes), msg.kv.chunk
+                for i in range(0, entry[1].size, step):
+                    self._recv_reqs.append(self.comm.Irecv([entry[1][i:i + step], MPI.BYTE], source=src,
+                                                           tag=TAG_KV_DATA))
+                    self._recv_of.append(entry)
+                    entry[2] += 1
+            self._assembly.setdefault(src, collections.deque()).append(entry)
+        if self._recv_reqs:
+            done = MPI.Request.Testsome(self._recv_reqs) or []
+            for i in done:
+                self._recv_of[i][2] -= 1
+            for i in sorted(done, reverse=True):
+                del self._recv_reqs[i], self._recv_of[i]
+            got |= bool(done)
         for src, pending in self._assembly.items():  # deliver in order, per source
-            while pending and MPI.Request.Testall(pending[0][2]):
+            while pending and pending[0][2] == 0:
                 head, buf, _ = pending.popleft()
                 if buf is not None:
                     head = dataclasses.replace(head, kv=buf.view(head.kv.dtype).reshape(head.kv.shape))
                 self._inbox.put((src, head))
                 got = True
-        return got or any(self._assembly.values())
+        return got
+
+    def _post(self, dst: int, tag: int, msg) -> None:
+        raw = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        self._send_reqs.append(self.comm.Isend([raw, self.MPI.BYTE], dest=dst, tag=tag))
+        self._send_keep.append(raw)
+        self.sent_bytes["control"] += len(raw)
 
     def _push_outgoing(self) -> bool:
         with self._lock:
-            if self._ctrl and (self.priority or not self._active):
-                dst, msg = self._ctrl.popleft()
-            elif self._active or not self._kv:
-                msg = None
+            ctrl = list(self._ctrl) if self.priority else []
+            if ctrl:
+                self._ctrl.clear()
+            elif not self.priority and self._ctrl and not self._active:
+                ctrl = [self._ctrl.popleft()]
+            start = self._kv.popleft() if self.priority and self._kv and not self._active else None
+        moved = bool(ctrl)
+        for dst, msg in ctrl:
+            if isinstance(msg, LayerKV):  # FIFO lane: KV waits its turn like everything else
+                start = (dst, msg)
+                break
+            self._post(dst, TAG_KV_HEAD if getattr(msg, "bulk", False) else TAG_CTRL, msg)
+        if start is not None:
+            dst, msg = start
+            if isinstance(msg, LayerKV):
+                self._start_kv(dst, msg)
             else:
-                dst, msg = self._kv.popleft()
-        if msg is not None and not isinstance(msg, LayerKV):
-            tag = TAG_KV_HEAD if getattr(msg, "bulk", False) else TAG_CTRL  # bulk: ordered with the KV
-            self._pending.append((self.comm.isend(msg, dest=dst, tag=tag), None))
-            self.sent_bytes["control"] += 1
-            return True
-        if msg is not None:  # start a KV message: a header with the array's shape, then raw chunks
-            data = np.ascontiguousarray(msg.kv).reshape(-1).view(np.uint8)
-            head = dataclasses.replace(msg, kv=_Shape(tuple(msg.kv.shape), msg.kv.dtype, self.chunk_bytes))
-            self._pending.append((self.comm.isend(head, dest=dst, tag=TAG_KV_HEAD), None))
-            self._active.extend((dst, data[i:i + self.chunk_bytes]) for i in range(0, data.size, self.chunk_bytes))
-            self.sent_bytes["kv"] += data.size
-        sent = False
-        while self._active and sum(1 for _, b in self._pending if b is not None) < self.window:
-            dst, chunk = self._active.popleft()
-            self._pending.append((self.comm.Isend([chunk, self.MPI.BYTE], dest=dst, tag=TAG_KV_DATA), chunk))
-            sent = True
-        return sent or msg is not None
+                self._post(dst, TAG_KV_HEAD, msg)  # bulk, in order with the KV
+            moved = True
+        while self._active and self._data_in_flight < self.window:
+            dst, spec, keep = self._active.popleft()
+            self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
+            self._send_keep.append((keep, True))
+            self._data_in_flight += 1
+            moved = True
+        return moved
+
+    def _start_kv(self, dst: int, msg: LayerKV) -> None:
+        """A header with the array's shape, then its bytes in pieces (queued in `_active`)."""
+        kv, pieces = msg.kv, []
+        rows = _byte_rows(kv)
+        if rows is None:  # contiguous (or made so): plain byte ranges
+            flat = np.ascontiguousarray(kv).reshape(-1).view(np.uint8)
+            step = self.chunk_bytes
+            pieces = [(dst, [flat[i:i + step], self.MPI.BYTE], flat) for i in range(0, flat.size, step)]
+        else:  # rows of `width` bytes, `stride` apart (a layer of Full Blocks): datatypes, no copy
+            n, width, stride, addr = rows
+            per = max(1, self.chunk_bytes // width)
+            step = per * width
+            for r in range(0, n, per):
+                m = min(per, n - r)
+                buf = self.MPI.buffer.fromaddress(addr + r * stride, (m - 1) * stride + width, readonly=True)
+                pieces.append((dst, [buf, 1, self._strided(m, width, stride)], kv))
+        head = dataclasses.replace(msg, kv=_Shape(tuple(kv.shape), kv.dtype, step))
+        self._post(dst, TAG_KV_HEAD, head)
+        self._active.extend(pieces)
+        self.sent_bytes["kv"] += kv.nbytes
+
+    def _strided(self, rows: int, width: int, stride: int):
+        key = (rows, width, stride)
+        if key not in self._types:
+            self._types[key] = self.MPI.BYTE.Create_hvector(rows, width, stride).Commit()
+        return self._types[key]
+
+    def _reap_sends(self) -> bool:
+        if not self._send_reqs:
+            return False
+        done = self.MPI.Request.Testsome(self._send_reqs) or []
+        for i in sorted(done, reverse=True):
+            if isinstance(self._send_keep[i], tuple):
+                self._data_in_flight -= 1
+            del self._send_reqs[i], self._send_keep[i]
+        return bool(done)
+
+
+def _byte_rows(kv: np.ndarray):
+    """(rows, row bytes, stride, address) when `kv` is rows of contiguous bytes a fixed stride
+    apart but not contiguous as a whole (e.g. one layer of several Full Blocks); else None."""
+    if kv.flags.c_contiguous or kv.ndim < 2 or kv.size == 0:
+        return None
+    try:
+        rows = np.reshape(kv, (kv.shape[0], -1), copy=False)
+    except ValueError:
+        return None
+    width = rows.shape[1] * rows.itemsize
+    if rows.strides[1] != rows.itemsize or rows.strides[0] < width:
+        return None
+    return rows.shape[0], width, rows.strides[0], rows.__array_interface__["data"][0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +321,7 @@ class _Shape:
 
     shape: tuple
     dtype: np.dtype
-    chunk: int  # bytes per data message
+    chunk: int  # bytes per data message (the last may be shorter)
 
     @property
     def nbytes(self) -> int:

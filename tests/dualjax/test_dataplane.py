@@ -1,0 +1,119 @@
+"""Data-plane invariants: receive buffers are reused only when nothing holds them; a request's
+layer-major host buffer reads, writes and views exactly as the Full Blocks it stands for; the
+stager yields layers in order and re-raises; the MPI transport delivers every array bit-exact;
+control traffic is counted in bytes."""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+import models
+from dualjax.runtime.buffers import BufferPool, LayerStager, RequestKV
+from dualjax.runtime.launch import mpiexec
+from dualjax.runtime.messages import LayerKV, Ready
+from dualjax.runtime.store import layout_for
+from dualjax.runtime.transport import InProcFabric
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_pool_reuses_a_buffer_only_after_every_view_is_gone():
+    pool = BufferPool()
+    a = pool.take(100_000)
+    view = a.view(np.float32).reshape(-1, 4)[:10]  # what a receiver keeps of a delivered message
+    del a
+    b = pool.take(100_000)
+    assert not np.shares_memory(view, b)  # still referenced: not handed out again
+    del view
+    c = pool.take(90_000)
+    assert c.size == 90_000 and pool.hits == 1 and pool.misses == 2
+
+
+def test_pool_keeps_at_most_its_budget():
+    pool = BufferPool(keep_bytes=1 << 20)
+    held = [pool.take(600_000) for _ in range(3)]
+    assert pool.pooled <= 1 << 20 and all(h.size == 600_000 for h in held)
+
+
+@pytest.fixture
+def tiny_layout():
+    return layout_for(models.get_config("tiny"))
+
+
+def test_request_kv_views_match_the_full_blocks(tiny_layout, rng):
+    lay, nb = tiny_layout, 3
+    blocks = rng.standard_normal((nb, *lay.full_shape)).astype(lay.np_dtype)
+    rkv = RequestKV(lay, nb * lay.block_tokens - 5)  # a partial last block
+    rkv.blocks[...] = blocks
+    seq = np.swapaxes(blocks, 0, 1).reshape(lay.n_layers, -1, *lay.record_shape)  # reference: the old gather
+    assert np.array_equal(rkv.sequence(), seq[:, :rkv.n_tokens])
+    for layer in range(lay.n_layers):
+        assert np.array_equal(rkv.layer(layer, 70), seq[layer, :70])
+        view = rkv.layer_view(layer, 2)
+        assert np.array_equal(view, blocks[:2, layer]) and view.flags.c_contiguous
+    new = rng.standard_normal((40, *lay.record_shape)).astype(lay.np_dtype)
+    rkv.write(1, 50, new)  # spans a block boundary
+    seq[1, 50:90] = new
+    assert np.array_equal(rkv.sequence(), seq[:, :rkv.n_tokens])
+    with pytest.raises(ValueError, match="past the request"):
+        rkv.write(0, rkv.n_tokens - 1, new)
+
+
+def test_store_reads_land_bit_exact_in_the_layer_major_buffer(tmp_path, tiny_layout, rng):
+    lay = tiny_layout
+    store = kv.BlockStore(kv.local_spec(str(tmp_path)), lay)
+    ids = kv.block_chain(np.arange(4 * lay.block_tokens) % 200, lay)
+    blocks = rng.standard_normal((len(ids), *lay.full_shape)).astype(lay.np_dtype)
+    store.put(ids, blocks)
+    nic = kv.StorageNIC("t")
+    for layer_major in (False, True):
+        rkv = RequestKV(lay, len(ids) * lay.block_tokens)
+        assert nic.read(store, [b.hash for b in ids], out=rkv.blocks, layer_major=layer_major).wait() == len(ids)
+        assert np.array_equal(rkv.blocks, blocks)
+    nic.close()
+
+
+def test_stager_yields_in_order_and_reraises():
+    seen = []
+
+    def prepare(layer):
+        seen.append(layer)
+        if layer == 2:
+            raise KeyError("bad layer")
+        return layer * 10
+
+    s = LayerStager(prepare, 4, ahead=1)
+    assert [s.get(0), s.get(1)] == [0, 10]
+    with pytest.raises(KeyError, match="bad layer"):
+        s.get(2)
+    s.close()
+    assert seen == [0, 1, 2]  # nothing prepared past the failure
+
+
+def test_inproc_transport_counts_control_in_bytes():
+    t = InProcFabric(2).transport(0)
+    t.send(1, Ready(3))
+    t.send(1, LayerKV(3, 0, 0, np.zeros((5, 2, 2, 4), np.float32)))
+    assert t.sent_bytes["control"] == len(pickle.dumps(Ready(3), protocol=pickle.HIGHEST_PROTOCOL))
+    assert t.sent_bytes["kv"] == 5 * 2 * 2 * 4 * 4
+
+
+def test_mpi_transport_delivers_every_array_bit_exact():
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_transport.py"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_dataplane_benchmark_quick(tmp_path):
+    from dualjax.bench import dataplane
+    result = dataplane.main(["--quick", "--json", str(tmp_path / "dp.json")])
+    assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "stages"} <= set(result)
+    assert {"store_read", "gather", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
+    assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
