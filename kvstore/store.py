@@ -299,14 +299,18 @@ class BlockStore:
         self.counters["invalidated"] += 1
 
     def _parse_entry(self, h: str, got) -> tuple[int, np.ndarray] | None:
-        """(slot, layer checksums) of a verified index entry, or None (missing or malformed)."""
+        """(slot, layer checksums) of a verified index entry, or None: missing, or malformed (then
+        dropped from the index and counted as a bad block, so the next put writes it again)."""
+        if got.state != "value":
+            return None
         raw, L, T, head = got.value, self.layout.n_layers, self.layout.block_tokens, _ENTRY_HEAD.size
-        if got.state != "value" or len(raw) != head + 8 * L + 4 * T or not raw.startswith(_ENTRY_MAGIC):
-            return None
-        _, slot, parent = _ENTRY_HEAD.unpack_from(raw)
-        if not 0 <= slot < 1 << SLOT_BITS:
-            return None
-        if hash_block(parent.hex(), np.frombuffer(raw[head + 8 * L:], "<i4"), self.layout) != h:
+        ok = len(raw) == head + 8 * L + 4 * T and raw.startswith(_ENTRY_MAGIC)
+        _, slot, parent = _ENTRY_HEAD.unpack_from(raw) if ok else (None, -1, b"")
+        if not (ok and 0 <= slot < 1 << SLOT_BITS
+                and hash_block(parent.hex(), np.frombuffer(raw[head + 8 * L:], "<i4"), self.layout) == h):
+            log.warning("index entry of block %s is malformed; dropped, the block is a miss", h)
+            self.counters["bad_blocks"] += 1
+            self.invalidate(h)
             return None
         entry = (slot, np.frombuffer(raw[head:head + 8 * L], "<u8"))
         with self._lock:
