@@ -4,12 +4,20 @@
 
 Offline agentic workload (`agentic-e2e`: 10 agents x 5 turns, 1,024-token first round, 64-token
 appends, 8 generated tokens) on the `small` model. First an uncapped control run (compute-bound:
-storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would
-need 6x (`--storage-factor`) the control's JCT to read every hit block: loading dominates
-compute, as in the paper's regime (at 4x, compute contention on the shared cores held the
-speed-ups further below theory). Then clusters 1p1d, 2p1d, 1p2d under basic / pe-only / dualpath, and 2p2d under dualpath
-and round-robin for storage-NIC balance. All runs share this process and its 2 CPU cores, so
-hosts also contend for compute; only the per-host storage NIC bandwidth is emulated.
+storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would need
+6x (`--storage-factor`) the control's JCT to read every hit block: loading dominates compute, as in
+the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
+theory). Then clusters 1p1d, 2p1d, 1p2d under basic / pe-only / dualpath, and 2p2d under dualpath
+and round-robin for storage-NIC balance; then 1p1d under basic / pe-only / dualpath with a PE
+device-memory budget (`--pe-hbm-mb`) that holds every layer of about one request's KV: Basic runs
+one row per pass, layerwise prefill (two layers per row) is not held back. All runs share this
+process and its 2 CPU cores, so hosts also contend for compute; only the per-host storage NIC
+bandwidth and the PE memory budget are emulated.
+
+Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): runs go in order
+of importance (1p1d basic and dualpath first), each predicted to take as long as the capped runs
+before it (at first the storage factor times the control's wall), and a run that would end past
+the bound is skipped and listed under `skipped`.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from dualjax.runtime.launch import run_embedded
 
 log = logging.getLogger("dualjax.bench.e2e")
 
-FULL = [(c, p) for c in ("1p1d", "2p1d", "1p2d") for p in ("basic", "pe-only", "dualpath")] + \
-       [("2p2d", "dualpath"), ("2p2d", "round-robin")]
 QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "dualpath")]
+FULL = QUICK + [("2p1d", "basic"), ("2p1d", "dualpath"), ("1p1d", "pe-only"), ("1p2d", "pe-only"),
+                ("2p1d", "pe-only"), ("2p2d", "dualpath"), ("2p2d", "round-robin")]
+HBM = ["basic", "pe-only", "dualpath"]  # on 1p1d with the PE memory budget
 
 
 def main(argv=None) -> dict:
@@ -37,6 +46,8 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="runs/bench-e2e", help="where the runs and plots go")
     p.add_argument("--storage-factor", type=float, default=6.0,
                    help="the cap makes one storage NIC need this many times the uncapped JCT (default 6)")
+    p.add_argument("--max-wall-s", type=float, default=840.0,
+                   help="skip runs that would end past this many seconds of wall time (default 840)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t_start = time.time()
@@ -60,15 +71,30 @@ def main(argv=None) -> dict:
     cap = hit_bytes / (k * control["jct_s"])
     log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
              cap / 1e6, hit_bytes / 1e6, k)
-    jct, balance, balance_all, reports = {}, {}, {}, []
-    for cluster, policy in (QUICK if args.quick else FULL):
-        name = f"{cluster}-{policy}"
-        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6)
+    jct, balance, balance_all, reports, skipped, walls = {}, {}, {}, [], [], []
+    hbm_mb = _hbm_budget_mb(base)
+    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}}
+    runs = [(c, pol, None) for c, pol in (QUICK if args.quick else FULL)] + \
+        ([] if args.quick else [("1p1d", pol, hbm_mb) for pol in HBM])
+    for cluster, policy, budget in runs:
+        name = f"{cluster}-{policy}" + ("-hbm" if budget else "")
+        predicted = max(walls) if walls else k * control["jct_s"]
+        if time.time() - t_start + predicted > args.max_wall_s:
+            skipped.append(name)
+            log.info("%-22s skipped: predicted %.0f s would end past --max-wall-s %.0f", name, predicted,
+                     args.max_wall_s)
+            continue
+        t0 = time.time()
+        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget)
+        walls.append(time.time() - t0)
+        if budget:
+            hbm["jct_s"][policy] = r["jct_s"]
+            continue
         jct.setdefault(cluster, {})[policy] = r["jct_s"]
         balance.setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
         balance_all.setdefault(cluster, {})[policy] = r["snic_max_over_avg_all_windows"]
         reports.append(os.path.join(args.out, name))
-    speedup = {c: v["basic"] / v["dualpath"] for c, v in jct.items() if "basic" in v}
+    speedup = {c: v["basic"] / v["dualpath"] for c, v in jct.items() if "basic" in v and "dualpath" in v}
     theory = {c: (ClusterSpec.parse(c).prefill + ClusterSpec.parse(c).decode) / ClusterSpec.parse(c).prefill
               for c in speedup}
     figure = os.path.join(args.out, "jct_per_policy.png")
@@ -84,15 +110,26 @@ def main(argv=None) -> dict:
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
         "jct_s": jct, "snic_max_over_avg": balance, "snic_max_over_avg_all_windows": balance_all,
         "plots": [figure] + [os.path.join(d, "storage.png") for d in reports],
+        "hbm": hbm, "skipped": skipped, "max_wall_s": args.max_wall_s,
         "wall_s": time.time() - t_start,
         "notes": "Embedded clusters in one process on this 2-core machine: hosts share the CPU, so compute is "
                  "contended too; the per-host storage NIC cap is the one thing emulated. Basic = PE-only reads "
                  "without layerwise prefill.",
     }
-    if "2p1d" in jct and "1p1d" in jct:
+    if "dualpath" in jct.get("1p1d", {}) and "basic" in jct.get("2p1d", {}):
         result["dualpath_1p1d_over_basic_2p1d"] = jct["1p1d"]["dualpath"] / jct["2p1d"]["basic"]
     emit(result, args.json)
     return result
+
+
+def _hbm_budget_mb(cfg: RunConfig) -> float:
+    """A PE memory budget that holds every layer of about one request's prompt KV (the workload's
+    longest prompt), so that it binds Basic and not layerwise prefill (two layers per row)."""
+    from dualjax.core.workload import get_workload, turn_lengths
+    from models import get_config, kv_bytes_per_token
+    spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
+    longest = max(int(a.sum() + g[:-1].sum()) for a, g in (turn_lengths(spec, i) for i in range(spec.agents)))
+    return 1.2 * longest * kv_bytes_per_token(get_config(cfg.model)) / 1e6
 
 
 if __name__ == "__main__":

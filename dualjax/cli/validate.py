@@ -24,6 +24,7 @@ from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 
 log = logging.getLogger("dualjax.cli.validate")
+CALIBRATE_RESERVE_S = 240.0  # wall time kept for `dualjax calibrate` when the local profile is missing
 
 
 def main(argv=None) -> dict:
@@ -36,6 +37,9 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="runs/sim-validate")
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
                    "calibrated first when missing)")
+    p.add_argument("--max-wall-s", type=float, default=840.0,
+                   help="wall-time bound: the e2e benchmark gets what calibration (when the profile is missing) "
+                   "and the simulations leave of it (default 840)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t0 = time.time()
@@ -44,7 +48,9 @@ def main(argv=None) -> dict:
             real = json.load(f)
     else:
         from dualjax.bench import e2e
-        real = e2e.main(["--out", os.path.join(args.out, "real")] + (["--quick"] if args.quick else []) +
+        reserve = 60.0 + (0.0 if os.path.exists(args.profile) else CALIBRATE_RESERVE_S)
+        real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(args.max_wall_s - reserve)] +
+                        (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
     if not os.path.exists(args.profile):
         from dualjax.cli.calibrate import calibrate

@@ -77,3 +77,18 @@ def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int 
             batch.append((w, min(n, min_chunk)))
         break
     return batch
+
+
+def fit_memory(plan: list, budget_bytes: float, bytes_per_token: float, layers_held: int, n_layers: int) -> list:
+    """The head of a packed `plan` ([(work, tokens)]) whose KV fits a PE's device memory: each row holds
+    its prefix and new tokens' KV for `layers_held` of the model's `n_layers` layers (Basic: all of them,
+    loaded before the pass; layerwise: two, loaded, used and freed layer by layer). The first row always
+    stays, so every pass progresses."""
+    per_token = bytes_per_token * layers_held / n_layers
+    held, kept = 0.0, []
+    for w, n in plan:
+        held += (w.cached + n) * per_token
+        if kept and held > budget_bytes:
+            break
+        kept.append((w, n))
+    return kept

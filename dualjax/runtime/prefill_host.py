@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from dualjax.core.batching import Work, pack
+from dualjax.core.batching import Work, fit_memory, pack
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
@@ -132,6 +132,10 @@ class PrefillHost(Host):
                 continue
             plan = pack([Work(r, r.next, r.a.request.prompt_len - r.next) for r in ready], self.fit,
                         self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk)
+            if self.cfg.pe_hbm_mb is not None:  # device memory: Basic holds all layers of its rows, layerwise two
+                L = self.layout.n_layers
+                plan = fit_memory(plan, self.cfg.pe_hbm_mb * 1e6, self.layout.block_bytes / self.layout.block_tokens,
+                                  2 if ready[0].a.layerwise else L, L)
             t0 = time.perf_counter()
             finished = self._pass([(w.key, n) for w, n in plan])
             seconds = time.perf_counter() - t0

@@ -18,7 +18,7 @@ earlier than its last layer's arrival plus that layer's compute.
 
 from __future__ import annotations
 
-from dualjax.core.batching import pack
+from dualjax.core.batching import fit_memory, pack
 from dualjax.sim.resources import Buffer, Lane, Node
 
 
@@ -75,13 +75,7 @@ class PrefillSide:
                     padded=self.hw.padded)
         if not self.layerwise:  # Basic rows already hold every layer of their KV in HBM
             return plan
-        held, kept, per_token = 0.0, [], 2 * self.kvb / self.model.n_layers  # two layers in flight
-        for w, n in plan:
-            held += (w.cached + n) * per_token
-            if kept and held > pe.hbm.budget:
-                break
-            kept.append((w, n))
-        return kept
+        return fit_memory(plan, pe.hbm.budget, self.kvb, 2, self.model.n_layers)  # two layers in flight
 
     def _start_group_pass(self, g) -> None:
         assert not g.busy, "one pass at a time per PE group"
