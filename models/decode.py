@@ -21,16 +21,17 @@ from flax import struct
 
 from models.buckets import DEFAULT_BUCKETS
 from models.config import ModelConfig
-from models.model import decode_step_jit, greedy
+from models.model import DECODE_CACHE_AXES, decode_step_jit, greedy
 from models.params import Params
 from models.prefill import InputError, check_tokens, prefill
+from models.sharding import constrain, logical_sharding
 
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _insert_jit(cache, kv, slot):
     """cache [L, 2, B, K, C, H] with kv [L, S, 2, K, H] written at (slot, 0); donates `cache`."""
     kv = kv.transpose(0, 2, 3, 1, 4)[:, :, None]  # [L, 2, 1, K, S, H]
-    return jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0))
+    return constrain(jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0)), DECODE_CACHE_AXES)
 
 
 def _frozen(lengths) -> np.ndarray:
@@ -55,7 +56,8 @@ class DecodeCache:
 
     @classmethod
     def create(cls, cfg: ModelConfig, slots: int, capacity: int, sharding=None) -> "DecodeCache":
-        """An empty cache (every slot free) of `capacity` tokens per slot, placed on `sharding` if given.
+        """An empty cache (every slot free) of `capacity` tokens per slot, placed on `sharding` if
+        given, else sharded by its logical axes over the active mesh (`jax.set_mesh`) if any.
 
         Raises InputError when `capacity` exceeds `cfg.max_seq_len` or `slots` < 1.
         """
@@ -64,6 +66,9 @@ class DecodeCache:
         if slots < 1 or capacity < 2:
             raise InputError(f"a decode cache needs slots >= 1 and capacity >= 2, got {slots} and {capacity}")
         shape = (cfg.n_layers, 2, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
+        mesh = jax.sharding.get_mesh()
+        if sharding is None and not mesh.empty:
+            sharding = logical_sharding(shape, DECODE_CACHE_AXES, mesh)
         return cls(jnp.zeros(shape, cfg.jnp_dtype, device=sharding), _frozen(np.zeros(slots)), cfg)
 
     @classmethod

@@ -18,6 +18,16 @@ import numpy as np
 
 from models.config import ModelConfig
 from models.params import Params
+from models.sharding import constrain
+
+# Logical axes (models.sharding.LOGICAL_RULES) of the activations and caches: pinned with `constrain`,
+# which acts only under an active mesh.
+X_AXES = ("act_batch", "act_seq", "act_embed")  # x [B, T, D]
+Q_AXES = ("act_batch", "act_seq", "heads", None)  # q, attention out [B, T, N, H]
+FFW_AXES = ("act_batch", "act_seq", "ffw")  # MLP hidden [B, T, F]
+LOGITS_AXES = ("act_batch", "act_seq", "vocab")  # logits [B, T, V]
+KV_AXES = ("cache_batch", "cache_seq", None, "kv_heads", None)  # a layer's KV [B, S, 2, K, H], prefix or new
+DECODE_CACHE_AXES = ("layers", None, "cache_batch", "kv_heads", "cache_seq", None)  # [L, 2, B, K, C, H]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -50,14 +60,14 @@ def rms_norm(x, w, eps):
 
 def embed(params: Params, tokens):
     """tokens [B, T] -> x [B, T, D]."""
-    return params["embed"][tokens]
+    return constrain(params["embed"][tokens], X_AXES)
 
 
 def head(params: Params, cfg: ModelConfig, x):
     """x [B, T, D] -> float32 logits [B, T, V]."""
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    return constrain(jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), LOGITS_AXES)
 
 
 def project_qkv(x, lp, positions, cfg: ModelConfig):
@@ -68,7 +78,8 @@ def project_qkv(x, lp, positions, cfg: ModelConfig):
     v = jnp.einsum("btd,dkh->btkh", h, lp["wv"])
     if cfg.qkv_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-    return apply_rope(q, positions, cfg), jnp.stack([apply_rope(k, positions, cfg), v], axis=2)
+    kv = jnp.stack([apply_rope(k, positions, cfg), v], axis=2)
+    return constrain(apply_rope(q, positions, cfg), Q_AXES), constrain(kv, KV_AXES)
 
 
 def attend(q, keys, vals, mask, cfg: ModelConfig):
@@ -78,15 +89,16 @@ def attend(q, keys, vals, mask, cfg: ModelConfig):
     scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32) / np.sqrt(H)
     scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(vals.dtype)
-    return jnp.einsum("bkgts,bksh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H)
+    return constrain(jnp.einsum("bkgts,bksh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H), Q_AXES)
 
 
 def finish_layer(x, attn, lp, cfg: ModelConfig):
     """Output projection, residuals and the SwiGLU MLP: x [B, T, D], attn [B, T, N, H] -> x."""
-    x = x + jnp.einsum("btnh,nhd->btd", attn, lp["wo"])
+    x = constrain(x + jnp.einsum("btnh,nhd->btd", attn, lp["wo"]), X_AXES)
     h = rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
     gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp["w_gate"]))
-    return x + jnp.einsum("btf,fd->btd", gate * jnp.einsum("btd,df->btf", h, lp["w_up"]), lp["w_down"])
+    hidden = constrain(gate * jnp.einsum("btd,df->btf", h, lp["w_up"]), FFW_AXES)
+    return constrain(x + jnp.einsum("btf,fd->btd", hidden, lp["w_down"]), X_AXES)
 
 
 def forward_layer(x, lp, positions, cfg: ModelConfig, prefix_kv, prefix_len):
@@ -97,6 +109,7 @@ def forward_layer(x, lp, positions, cfg: ModelConfig, prefix_kv, prefix_len):
     """
     B, T, _ = x.shape
     S = prefix_kv.shape[1]
+    prefix_kv = constrain(prefix_kv, KV_AXES)
     q, kv = project_qkv(x, lp, positions, cfg)
     keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1).transpose(0, 2, 1, 3)  # [B, K, S+T, H]
     vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1).transpose(0, 2, 1, 3)
@@ -115,7 +128,7 @@ def forward(params: Params, cfg: ModelConfig, tokens, prefix_kv, prefix_len):
     for layer, lp in enumerate(params["layers"]):
         x, kv = forward_layer(x, lp, positions, cfg, prefix_kv[layer], prefix_len)
         kvs.append(kv)
-    return head(params, cfg, x), jnp.stack(kvs)
+    return head(params, cfg, x), constrain(jnp.stack(kvs), ("layers", *KV_AXES))
 
 
 def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths):
@@ -131,11 +144,12 @@ def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths):
     x = embed(params, tokens[:, None])
     rows = jnp.arange(tokens.shape[0])
     mask = (jnp.arange(cache.shape[4])[None, :] <= lengths[:, None])[:, None, :]  # [B, 1, C]
+    cache = constrain(cache, DECODE_CACHE_AXES)
     for layer, lp in enumerate(params["layers"]):
         q, kv = project_qkv(x, lp, positions, cfg)
         cache = cache.at[layer, :, rows, :, lengths].set(kv[:, 0])  # [B, 2, K, H] at (b, lengths[b])
         x = finish_layer(x, attend(q, cache[layer, 0], cache[layer, 1], mask, cfg), lp, cfg)
-    return head(params, cfg, x)[:, 0], cache
+    return head(params, cfg, x)[:, 0], constrain(cache, DECODE_CACHE_AXES)
 
 
 decode_step_jit = jax.jit(decode_step, static_argnums=1, donate_argnums=3)

@@ -116,19 +116,42 @@ def test_layerwise_rejects_out_of_order_layers(tiny, rng):
         lw.logits()
 
 
-def test_sharded_four_devices_equals_single(tiny, rng):
-    cfg, params = tiny
+@pytest.mark.parametrize("kv_heads", [2, 4])  # on 4 devices: 2 kv heads are replicated, 4 are split
+def test_sharded_four_devices_equals_single(tiny, rng, kv_heads):
+    """Prefill over a cached prefix, then decode steps: params, activations and the decode cache
+    sharded by their logical axes on a 4-device mesh give the single-device outputs."""
     if len(jax.devices()) < 4:  # CPU: conftest provides 4; one GPU does not
         pytest.skip(f"needs 4 devices, {jax.default_backend()} has {len(jax.devices())}")
-    mesh = models.make_mesh(jax.devices()[:4])
-    sharded = models.shard_params(params, cfg, mesh)
-    assert sharded["layers"][0]["wq"].sharding.spec[1] == "tp"  # heads really split
-    tokens = rng.integers(0, cfg.vocab, (2, 50))
+    cfg = tiny[0].replace(n_kv_heads=kv_heads)
+    params = tiny[1] if kv_heads == tiny[0].n_kv_heads else models.init_params(cfg, seed=0)
+    tokens = rng.integers(0, cfg.vocab, (2, 48))
     _, prefix = models.prefill(params, cfg, tokens[:, :30])
-    single = models.prefill(params, cfg, tokens[:, 30:], prefix)
-    multi = models.prefill(sharded, cfg, tokens[:, 30:], prefix)
+
+    def run(params):
+        logits, kv = models.prefill(params, cfg, tokens[:, 30:40], prefix)
+        full = jnp.concatenate([prefix, kv], axis=2)
+        cache = models.DecodeCache.create(cfg, slots=2, capacity=64)
+        for b in range(2):
+            cache = cache.insert(b, full[:, b])
+        steps = []
+        for t in range(40, 48):
+            step_logits, cache = cache.step(params, tokens[:, t])
+            steps.append(np.asarray(step_logits))
+        return (np.asarray(logits), np.asarray(kv), np.stack(steps, axis=1)), cache, kv
+
+    single, _, _ = run(params)
+    mesh = models.make_mesh(jax.devices()[:4])
+    with jax.set_mesh(mesh):
+        sharded_params = models.shard_params(params, cfg, mesh)
+        multi, cache, kv = run(sharded_params)
+    assert sharded_params["layers"][0]["wq"].sharding.spec[1] == "tp"  # heads really split
+    split = "tp" if kv_heads == 4 else None
+    on_kv_heads = lambda x, dim: (tuple(x.sharding.spec) + (None,) * x.ndim)[dim]  # noqa: E731
+    assert len(cache.kv.sharding.device_set) == 4 and on_kv_heads(cache.kv, 3) == split  # [L, 2, B, K, C, H]
+    assert len(kv.sharding.device_set) == 4 and on_kv_heads(kv, 4) == split  # the new KV [L, B, T, 2, K, H]
     for a, b in zip(single, multi):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+        np.testing.assert_allclose(a, b, **TOL)
+    np.testing.assert_allclose(single[2], models.reference_logits(params, cfg, tokens)[:, 40:48], **TOL)
 
 
 @pytest.mark.parametrize("name,count", [("llama3.2-1b", 1_235_814_400), ("qwen2.5-0.5b", 494_032_768),
