@@ -34,7 +34,9 @@ def save_checkpoint(path: str, params: Params, cfg: ModelConfig) -> None:
 
 
 def restore_checkpoint(path: str, shardings=None) -> tuple[ModelConfig, Params]:
-    """Read what `save_checkpoint` wrote; params land on `shardings` when given."""
+    """Read what `save_checkpoint` wrote; params land on `shardings` when given.
+
+    Raises CheckpointError naming a tensor the stored params lack, hold extra, or hold in another shape."""
     path = os.path.abspath(path)
     try:
         with open(os.path.join(path, "model_config.json")) as f:
@@ -43,6 +45,11 @@ def restore_checkpoint(path: str, shardings=None) -> tuple[ModelConfig, Params]:
         raise CheckpointError(f"{path} is not a dualjax checkpoint (no model_config.json)") from None
     cfg = ModelConfig(**{**fields, "rope_scaling": _rope_scaling_field(fields.get("rope_scaling"))})
     with ocp.StandardCheckpointer() as ckptr:
+        stored = ckptr.metadata(os.path.join(path, "params"))
+        try:  # name a missing, extra or misshaped tensor before Orbax reports a tree mismatch
+            check_params(getattr(stored, "item_metadata", stored), cfg)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
         params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
     return cfg, params
 
@@ -142,10 +149,17 @@ def _hf_layout(cfg: ModelConfig):
     return rows
 
 
+def _ignorable(names, cfg: ModelConfig) -> set[str]:
+    """Tensors a checkpoint may hold that the model does not read: RoPE buffers older transformers
+    saved, and the output head of a model whose embeddings are tied (it is the embedding's copy)."""
+    tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    return {n for n in names if n.endswith("rotary_emb.inv_freq")} | (tied & set(names))
+
+
 def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
     """Import a local HF Llama/Qwen2 checkpoint directory -> (ModelConfig, params).
 
-    Raises CheckpointError naming the tensor when one is missing or misshaped.
+    Raises CheckpointError naming the tensor when one is missing, misshaped or not part of the model.
     """
     try:
         with open(os.path.join(path, "config.json")) as f:
@@ -158,8 +172,13 @@ def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
         raise CheckpointError(f"{path}: no *.safetensors files")
     handles = [safe_open(f, framework="numpy") for f in files]
     where = {k: h for h in handles for k in h.keys()}
+    layout = _hf_layout(cfg)
+    extra = sorted(set(where) - {row[0] for row in layout} - _ignorable(where, cfg))
+    if extra:
+        raise CheckpointError(f"{path}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} "
+                              f"for {cfg.n_layers}-layer {hf['architectures'][0]}")
     params: dict = {"layers": [{} for _ in range(cfg.n_layers)]}
-    for hf_name, dest, shape, convert in _hf_layout(cfg):
+    for hf_name, dest, shape, convert in layout:
         if hf_name not in where:
             raise CheckpointError(f"{path}: missing tensor {hf_name}")
         got = tuple(where[hf_name].get_slice(hf_name).get_shape())

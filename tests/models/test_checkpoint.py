@@ -32,9 +32,9 @@ def _hf_tensors(cfg, params):
     return out
 
 
-def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None, config=None):
+def _write_hf(path, cfg, params, arch, shards=2, drop=None, reshape=None, config=None, extra=None):
     """A Hugging Face checkpoint directory of `params`; `config` entries replace config.json's (None: drop)."""
-    tensors = _hf_tensors(cfg, params)
+    tensors = {**_hf_tensors(cfg, params), **(extra or {})}
     if drop:
         del tensors[drop]
     if reshape:
@@ -81,6 +81,20 @@ def test_orbax_round_trip_keeps_rope_scaling(tmp_path):
         assert models.restore_checkpoint(str(tmp_path / "ckpt"))[0].rope_scaling == want
 
 
+@pytest.mark.parametrize("change,message", [
+    ({"ffw": 256}, r"tensor \['layers'\]\[0\]\['w_down'\] has shape \(128, 64\), expected \(256, 64\)"),
+    ({"n_layers": 3}, r"missing tensor \['layers'\]\[2\]\['attn_norm'\]"),
+    ({"n_layers": 1}, r"unexpected tensors \[\"\['layers'\]\[1\]"),
+])
+def test_orbax_restore_names_missing_extra_and_misshaped_tensors(tiny, tmp_path, change, message):
+    cfg, params = tiny
+    models.save_checkpoint(str(tmp_path / "ckpt"), params, cfg)
+    config = tmp_path / "ckpt" / "model_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    with pytest.raises(models.CheckpointError, match=message):
+        models.restore_checkpoint(str(tmp_path / "ckpt"))
+
+
 @pytest.mark.parametrize("arch,bias,tied", [("LlamaForCausalLM", False, False), ("Qwen2ForCausalLM", True, True)])
 def test_load_hf_gives_the_same_logits(tmp_path, rng, arch, bias, tied):
     cfg = models.get_config("tiny", qkv_bias=bias, tie_embeddings=tied, rope_theta=1e6)
@@ -97,7 +111,7 @@ def test_load_hf_gives_the_same_logits(tmp_path, rng, arch, bias, tied):
                                   models.reference_logits(params, cfg, tokens))
 
 
-def test_load_hf_names_missing_and_misshaped_tensors(tiny, tmp_path):
+def test_load_hf_names_missing_misshaped_and_extra_tensors(tiny, tmp_path):
     cfg, params = tiny
     (tmp_path / "a").mkdir()
     _write_hf(tmp_path / "a", cfg, params, "LlamaForCausalLM", drop="model.layers.1.mlp.up_proj.weight")
@@ -109,6 +123,14 @@ def test_load_hf_names_missing_and_misshaped_tensors(tiny, tmp_path):
         models.load_hf(str(tmp_path / "b"))
     with pytest.raises(models.CheckpointError, match="no config.json"):
         models.load_hf(str(tmp_path / "nowhere"))
+    (tmp_path / "c").mkdir()  # a tensor of a third layer in a two-layer checkpoint
+    _write_hf(tmp_path / "c", cfg, params, "LlamaForCausalLM", extra={"model.layers.2.mlp.up_proj.weight": np.ones(3)})
+    with pytest.raises(models.CheckpointError, match=r"unexpected tensors \['model\.layers\.2\.mlp\.up_proj\."):
+        models.load_hf(str(tmp_path / "c"))
+    (tmp_path / "d").mkdir()  # RoPE buffers older transformers saved are not an error
+    rope_buffer = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(cfg.head_dim // 2, np.float32)}
+    _write_hf(tmp_path / "d", cfg, params, "LlamaForCausalLM", extra=rope_buffer)
+    assert models.load_hf(str(tmp_path / "d"))[0].n_layers == cfg.n_layers
 
 
 def test_load_hf_matches_transformers_when_installed(tmp_path, rng):
