@@ -16,7 +16,7 @@ def add_parsers(sub) -> None:
     add_flags(sim, SimConfig)
     sim.add_argument("--find-capacity", action="store_true",
                      help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
-                     "each trial runs arrivals for three agent lifetimes and scores the window after the first")
+                     "each trial runs arrivals for five agent lifetimes and scores the window after the second")
     sim.add_argument("--slo-attainment", type=float, default=0.9,
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
     sim.add_argument("--out", default="runs/sim", help="report.json, requests.npz and plots (default runs/sim)")

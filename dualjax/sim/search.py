@@ -26,14 +26,15 @@ def agent_lifetime(cfg: SimConfig, policy=None, hardware=None, agents: int = 8) 
 
 
 def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardware=None,
-                 spans: float = 3.0) -> dict:
-    """One online run at `aps` long enough that arrivals last `spans` agent lifetimes, scored over the
-    steady-state window only: requests arriving after the first lifetime (ramp-up) and before the last
+                 spans: float = 5.0, warmup: float = 2.0) -> dict:
+    """One online run at `aps` whose arrivals last `spans` agent lifetimes, scored over the steady-state
+    window only: requests arriving after `warmup` lifetimes (the ramp-up: an agent's reads grow with its
+    context, so the mix of ages settles only after a lifetime, longer under load) and before the last
     agent arrives (then the population drains). Returns attainment, TTFT/TPOT percentiles, window_s."""
     agents = max(16, int(np.ceil(aps * spans * lifetime)))
     sim = build(dataclasses.replace(cfg, aps=aps, agents=agents), policy, hardware, progress=False).run()
     c = sim.columns()
-    t0, t1 = lifetime, float(sim.starts[-1])
+    t0, t1 = warmup * lifetime, float(sim.starts[-1])
     w = (c["arrival"] >= t0) & (c["arrival"] <= t1)
     ttft, tpot = c["ttft"][w], c["tpot"][w]
     slo_ttft, slo_tpot = slo_for(cfg.workload)
@@ -46,12 +47,12 @@ def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardw
 
 
 def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.0, steps: int = 6,
-                  policy=None, log=print, hardware=None, spans: float = 3.0) -> dict:
-    """The highest APS (Poisson agent arrivals per second) at which at least `attainment` of the
-    steady-state window's requests meet the workload's SLO (TTFT and TPOT, PAPER §6): each trial an
-    online run whose arrivals last `spans` agent lifetimes (`steady_state`); doubling/halving to
-    bracket the capacity, then `steps` bisections. Returns {"capacity_aps", "window_s" (the window
-    scored at the capacity), "lifetime_s", "attainment", "trials": [...], "bracketed"}."""
+                  policy=None, log=print, hardware=None, spans: float = 5.0) -> dict:
+    """The highest APS (Poisson agent arrivals per second) at which at least `attainment` of the steady-state
+    window's requests meet the workload's SLO (TTFT and TPOT, PAPER §6): each trial an online run whose
+    arrivals last `spans` agent lifetimes, scored from the third lifetime on (`steady_state`);
+    doubling/halving to bracket the capacity, then `steps` bisections. Returns {"capacity_aps", "window_s"
+    (the window scored at the capacity), "lifetime_s", "attainment", "trials": [...], "bracketed"}."""
     trials = []
     lifetime = agent_lifetime(cfg, policy, hardware)
 
