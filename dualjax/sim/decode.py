@@ -41,9 +41,10 @@ class DecodeSide:
     def _join(self, de: DecodeEngine, rid: int) -> None:
         """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
         nbytes = self.cols["prompt_tokens"][rid] * self.kvb
-        done = max(de.node.dram.reserve(self.now, nbytes)[1], de.tx.reserve(self.now, nbytes)[1],
-                   de.rx.reserve(self.now, nbytes)[1])
-        self._kv_queued(de)
+        done = de.node.dram.reserve(self.now, nbytes)[1]
+        if self.hw.loopbacks:
+            done = max(done, de.tx.reserve(self.now, nbytes)[1], de.rx.reserve(self.now, nbytes)[1])
+            self._kv_queued(de)
         if done > self.now:
             self.at(done, self._first_token, de, rid)
         else:

@@ -136,7 +136,10 @@ class PrefillSide:
             end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
             self._kv_queued(de)
             return end
-        return max(pe.node.dram.reserve(t, nbytes)[1], pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+        end = pe.node.dram.reserve(t, nbytes)[1]
+        if self.hw.loopbacks:
+            end = max(end, pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+        return end
 
     def _output(self, w: Row, pe: PrefillEngine, t: float) -> float:
         """The prompt's KV to the DE buffer (hit + miss on the PE path, miss on the DE path). Returns the end."""

@@ -121,6 +121,9 @@ class Hardware:
     ep_gpus: int = 0  # most GPUs of one expert-parallel group (0: none; engines step alone)
     decode_step_overhead_s: float = 0.0  # per decode step: launch, sync, sampling, scheduling
     kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (PAPER §5)
+    # Buffer -> GPU copies go through the compute NIC (a loopback, PAPER §8); False: the embedded runtime,
+    # where a host's model reads its buffer in place (`local`).
+    loopbacks: bool = False
     # `local`: every engine shares one machine's cores; a prefill pass runs contention[k - 1] times
     # slower while k other engines compute, a decode step decode_contention[k - 1] (past the last:
     # linear from the last two). Empty: engines have their own compute, as GPUs do.
@@ -154,7 +157,7 @@ PAPER_H800 = Hardware(
     "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
     dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
     hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.45,
-    snic_efficiency=0.47, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005,
+    snic_efficiency=0.47, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005, loopbacks=True,
     notes="PAPER.md §2/§8 hardware. Calibrated: storage reads at 47% of the 50 GB/s line (23.5 GB/s per node, "
           "the middle of the paper's Basic saturation, ~21-26 GB/s). Assumed (predictions rest on them): prefill "
           "at 45% of H800 dense BF16 peak for large passes, half that at 256 new tokens per GPU (a saturating "

@@ -217,7 +217,7 @@ def test_kv_traffic_raises_tpot_only_without_priority():
     # of 1.5 MB (one sequence, 2 nodes: half of 1.5e6 x 2 crosses) = 7.5 ms at 100 MB/s: 10 ms. Without
     # priority the all-to-all gets half the NIC while KV is queued there: 15 ms.
     hw = dataclasses.replace(TOY_HW, gpus_per_node=1, cnic_bytes_per_s=1e8, decode_batch=1,
-                             prefill_fit=(0.0, 1e-4, 0.0), ep_gpus=2)
+                             prefill_fit=(0.0, 1e-4, 0.0), ep_gpus=2, loopbacks=True)
     model = dataclasses.replace(TOY_MODEL, kv_bytes_per_token=20_000, ep_bytes_per_token=1.5e6)
     cfg = SimConfig(ClusterSpec(1, 2), hardware="toy", model="toy", policy="de-only")
     n = 6
