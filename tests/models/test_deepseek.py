@@ -137,3 +137,16 @@ def test_sharded_experts_equal_single_device(tiny_ds, full):
     got_logits, got_kv = ds.prefill(sharded, cfg, tokens)
     np.testing.assert_allclose(np.asarray(got_logits), logits, **TOL)
     np.testing.assert_allclose(np.asarray(got_kv), kv, **TOL)
+
+
+def test_decode_cache_steps_reproduce_full_forward(tiny_ds, full):
+    from models.deepseek_decode import DeepSeekDecodeCache
+    cfg, params = tiny_ds
+    tokens, logits, kv = full
+    cache = DeepSeekDecodeCache.create(cfg, slots=3, capacity=128)
+    cache = cache.insert(0, kv[:, 0, :80]).insert(2, kv[:, 1, :70])  # slot 1 stays free
+    np.testing.assert_array_equal(np.asarray(cache.row(2, 0, 70)), kv[:, 1, :70])
+    for i in range(10):
+        step_logits, cache = cache.step(params, np.array([tokens[0, 80 + i], 0, tokens[1, 70 + i]]))
+        np.testing.assert_allclose(np.asarray(step_logits)[[0, 2]], logits[[0, 1], [80 + i, 70 + i]], **TOL)
+    assert cache.lengths.tolist() == [90, 0, 80]
