@@ -100,10 +100,13 @@ def decode_flops(cfg, context: int) -> float:
     return prefill_flops(cfg, 1, context)
 
 
-def decode_bytes_per_step(cfg: DeepSeekConfig, context: int) -> float:
-    """Cache bytes one decode step reads for one sequence of `context` tokens: the indexer keys of every
-    position, the latent and RoPE key of the `index_topk` selected ones (weights not included)."""
+def decode_bytes_per_step(cfg, context: int) -> float:
+    """Cache bytes one decode step reads for one sequence of `context` tokens (weights not included):
+    dense, every K and V; DeepSeek, the indexer keys of every position and the latent and RoPE key of
+    the `index_topk` selected ones."""
     t = cost_terms(cfg)
+    if t.window is None:
+        return (context + 1) * t.kv_bytes_per_token
     return (context + 1) * t.indexer_bytes_per_token + min(context + 1, cfg.index_topk) * t.kv_bytes_per_token
 
 
