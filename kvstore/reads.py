@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import tensorstore as ts
 import xxhash
 
 log = logging.getLogger("kvstore.store")
@@ -17,8 +18,10 @@ class BlockRead:
     garbage-collected); no Python callback runs on TensorStore's threads.
     """
 
-    def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, sums: np.ndarray | None):
-        self.store, self.hash, self.row, self.fut, self.layers, self.sums = store, h, row, fut, layers, sums
+    def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, entry: tuple[int, np.ndarray] | None):
+        """`fut`: the read that fills `row` (shared by the blocks of one `get`), None for a miss;
+        `entry`: (slot, per-layer checksums) from the block's index entry."""
+        self.store, self.hash, self.row, self.fut, self.layers, self.entry = store, h, row, fut, layers, entry
         self._outcome: np.ndarray | None | bool = False  # False: not collected yet
 
     def done(self) -> bool:
@@ -47,12 +50,17 @@ class BlockRead:
         if self.fut is None:
             counters["misses"] += 1
             return None
+        slot, sums = self.entry
         try:
             self.fut.result()
-        except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
-            return self._bad(str(e).splitlines()[0][:200])
+        except ValueError:  # some block of the batch failed: read this one alone to see whether it did
+            sel = slice(self.layers.start, self.layers.stop)
+            try:
+                ts.array(self.row, copy=False)[sel].write(self.store.array[slot, sel]).result()
+            except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
+                return self._bad(str(e).splitlines()[0][:200])
         for layer in self.layers:
-            if xxhash.xxh3_64_intdigest(self.row[layer]) != self.sums[layer]:
+            if xxhash.xxh3_64_intdigest(self.row[layer]) != sums[layer]:
                 return self._bad(f"checksum mismatch in layer {layer}")
         counters["layer_blocks_read"] += len(self.layers)
         counters["bytes_read"] += self.row[0].nbytes * len(self.layers)

@@ -22,6 +22,8 @@ import numpy as np
 
 from kvstore.store import BlockStore
 
+_CAPPED_BATCH = 1 << 20
+
 
 class ReadTicket:
     """Progress of one queued read. `valid` = leading blocks read and checked so far: a bad
@@ -72,7 +74,7 @@ class StorageNIC:
     `read_queue()` is (bytes, tokens) not yet read, counted from submission to completion."""
 
     def __init__(self, name: str, cap_bytes_per_s: float | None = None, window: int = 8,
-                 batch_bytes: int = 1 << 20, clock=time.monotonic):
+                 batch_bytes: int = 4 << 20, clock=time.monotonic):
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
         self.name, self.cap, self.window, self.batch_bytes = name, cap_bytes_per_s, window, batch_bytes
@@ -159,7 +161,9 @@ class StorageNIC:
                 complete += 1
             t._advance(complete, valid)
 
-        for b0, b1, layers in t._batches(self.batch_bytes):
+        # Uncapped: few large reads (one TensorStore read each). Capped: at most 1 MiB per read, so
+        # pacing stays fine-grained at the few MB/s an emulated storage NIC runs at.
+        for b0, b1, layers in t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes):
             good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
             reads: list = []
             if good > b0:

@@ -250,8 +250,12 @@ class BlockStore:
     def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray]]:
         """Data first, then index entries (a block is visible only once complete). The seam where
         tests inject write faults."""
-        for f in [self.array[slot].write(block) for _, block, slot in todo]:
-            f.result()
+        slots = [slot for _, _, slot in todo]
+        data = np.stack([block for _, block, _ in todo])
+        if slots == list(range(slots[0], slots[0] + len(slots))):  # one writer's consecutive slots: one write
+            self.array[slots[0]:slots[0] + len(slots)].translate_to[0].write(data).result()
+        else:
+            self.array[np.array(slots, np.int64)].write(data).result()
         entries = {bid.hash: (slot, _layer_sums(block)) for bid, block, slot in todo}
         for f in [self.index_kv.write(bid.hash, self._entry(bid, *entries[bid.hash])) for bid, _, _ in todo]:
             f.result()
@@ -361,12 +365,16 @@ class BlockStore:
         elif out.shape != want or out.dtype != self.layout.np_dtype:
             raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected {want} {self.layout.dtype}")
         self._pin(hashes)
-        dst, sel = ts.array(out, copy=False), slice(layers.start, layers.stop)
-        reads = []
-        for i, (h, entry) in enumerate(zip(hashes, self._slots(hashes))):
-            fut = None if entry is None else dst[i, sel].write(self.array[entry[0], sel])
-            reads.append(BlockRead(self, h, out[i], fut, layers, entry[1] if entry else None))
-        return reads
+        entries = self._slots(hashes)
+        rows = [i for i, e in enumerate(entries) if e is not None]
+        fut = None
+        if rows:  # one TensorStore read for every block: fewer, larger I/Os than one per block
+            sel = slice(layers.start, layers.stop)
+            dst = ts.array(out, copy=False)
+            dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
+            fut = dst.write(self.array[np.array([entries[i][0] for i in rows], np.int64), sel])
+        return [BlockRead(self, h, out[i], fut if e is not None else None, layers, e)
+                for i, (h, e) in enumerate(zip(hashes, entries))]
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
