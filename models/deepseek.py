@@ -209,7 +209,8 @@ def _forward_jit(params, cfg, tokens, prefix_kv, prefix_len):
     return forward(params, cfg, tokens, prefix_kv, prefix_len)
 
 
-def _pad(a, axis: int, size: int):
+def pad_to(a, axis: int, size: int):
+    """a zero-padded along `axis` to `size`."""
     widths = [(0, 0)] * a.ndim
     widths[axis] = (0, size - a.shape[axis])
     return jnp.pad(a, widths)
@@ -223,7 +224,7 @@ def kv_np_dtype(cfg: DeepSeekConfig) -> np.dtype:
 def check_records(prefix_kv, prefix_len, cfg: DeepSeekConfig, batch: int, new: int, layers: int):
     """Validate a cached prefix [layers, B, S, *rec] and its per-row lengths; returns (kv, lengths)."""
     if prefix_kv is None:
-        prefix_kv = np.zeros((layers, batch, 0, *cfg.kv_record_shape), kv_np_dtype(cfg))
+        prefix_kv = empty_kv(cfg, layers, batch)
     shape = tuple(prefix_kv.shape)
     if len(shape) != 3 + len(cfg.kv_record_shape) or shape[:2] != (layers, batch) \
             or shape[3:] != cfg.kv_record_shape:
@@ -251,6 +252,11 @@ def prefill(params: Params, cfg: DeepSeekConfig, tokens, prefix_kv=None, prefix_
     B, T = tokens.shape
     prefix_kv, lengths = check_records(prefix_kv, prefix_len, cfg, B, T, cfg.n_layers)
     Tb, Sb = buckets.new(T), buckets.prefix(int(lengths.max(initial=0)))
-    logits, kv = _forward_jit(params, cfg, _pad(jnp.asarray(tokens), 1, Tb),
-                              _pad(jnp.asarray(prefix_kv)[:, :, :Sb], 2, Sb), jnp.asarray(lengths))
+    logits, kv = _forward_jit(params, cfg, pad_to(jnp.asarray(tokens), 1, Tb),
+                              pad_to(jnp.asarray(prefix_kv)[:, :, :Sb], 2, Sb), jnp.asarray(lengths))
     return logits[:, :T], kv[:, :, :T]
+
+
+def empty_kv(cfg: DeepSeekConfig, layers: int, batch: int, length: int = 0) -> np.ndarray:
+    """Zero records [layers, batch, length, *rec] (an empty prefix when length is 0)."""
+    return np.zeros((layers, batch, length, *cfg.kv_record_shape), kv_np_dtype(cfg))

@@ -11,6 +11,7 @@ import pytest
 from models import deepseek as ds
 from models import mla
 from models.deepseek_config import DEEPSEEK_PRESETS
+from models.prefill import InputError
 from tests.models.deepseek_reference import reference_logits
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -150,3 +151,15 @@ def test_decode_cache_steps_reproduce_full_forward(tiny_ds, full):
         step_logits, cache = cache.step(params, np.array([tokens[0, 80 + i], 0, tokens[1, 70 + i]]))
         np.testing.assert_allclose(np.asarray(step_logits)[[0, 2]], logits[[0, 1], [80 + i, 70 + i]], **TOL)
     assert cache.lengths.tolist() == [90, 0, 80]
+
+
+def test_layerwise_driver_equals_fused(tiny_ds, full):
+    from models.deepseek_prefill import DeepSeekLayerwise
+    cfg, params = tiny_ds
+    tokens, logits, kv = full
+    lw = DeepSeekLayerwise(params, cfg, tokens[:, 50:], prefix_len=[50, 50])
+    kvs = [np.asarray(lw.layer(i, kv[i, :, :50])) for i in range(cfg.n_layers)]
+    np.testing.assert_allclose(np.asarray(lw.logits()), logits[:, 50:], **TOL)
+    np.testing.assert_allclose(np.stack(kvs), kv[:, :, 50:], **TOL)
+    with pytest.raises(InputError, match="expects layer 0"):
+        DeepSeekLayerwise(params, cfg, tokens[:, :8]).layer(1, ds.empty_kv(cfg, 1, 2)[0])
