@@ -1,35 +1,23 @@
-"""Shardings of the DeepSeek family's params: the logical-axis table of `models.sharding` plus experts.
+"""Shardings of the DeepSeek family's params, from their declarations and `models.sharding`'s one table.
 
-Routed experts shard over the mesh's "tp" axis by the `expert` logical axis (expert parallelism);
-everything else follows the dense family's table (heads, FFN and vocabulary over "tp").
+Routed experts carry the `expert` logical axis (expert parallelism over the mesh's "tp" axis); the
+rest follow the dense family's rules (heads, FFN and vocabulary over "tp", replicated where the mesh
+does not divide a dim).
 """
 
 from __future__ import annotations
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from models import deepseek
 from models.deepseek_config import DeepSeekConfig
-from models.sharding import LOGICAL_RULES
-
-RULES = {**LOGICAL_RULES, "expert": LOGICAL_RULES.get("expert", "tp")}
-
-
-def _spec(shape, axes, mesh: Mesh) -> PartitionSpec:
-    spec, used = [], set()
-    for dim, axis in zip(shape, axes):
-        mesh_axis = RULES.get(axis) if axis else None
-        if mesh_axis is not None and (dim % mesh.shape[mesh_axis] or mesh_axis in used):
-            mesh_axis = None  # a dim the mesh does not divide, or a mesh axis already taken, is replicated
-        used.add(mesh_axis)
-        spec.append(mesh_axis)
-    return PartitionSpec(*spec)
+from models.sharding import logical_sharding
 
 
 def param_shardings(cfg: DeepSeekConfig, mesh: Mesh):
     """NamedSharding per param leaf, derived from the declarations."""
-    return jax.tree.map(lambda d: NamedSharding(mesh, _spec(d.shape, d.axes, mesh)), deepseek.declare(cfg),
+    return jax.tree.map(lambda d: logical_sharding(d.shape, d.axes, mesh), deepseek.declare(cfg),
                         is_leaf=deepseek.is_decl)
 
 
