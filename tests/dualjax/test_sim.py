@@ -263,3 +263,14 @@ def test_ablation_cli_writes_every_step(tmp_path):
         assert steps <= set(r[key]), key
     assert r["vs_basic"]["basic"] == 0 and r["jct_s"]["oracle"] <= min(r["jct_s"].values()) + 1e-9
     assert r["steps"]["dual-path"]["scheduler"] == "naive" and (tmp_path / "ablation.png").exists()
+
+
+def test_fit_memory_keeps_the_rows_whose_kv_fits():
+    # 4 layers, 10 B per token (all layers). Rows (cached, new): (90, 10), (40, 10), (0, 50) = 100, 50, 50
+    # tokens. Basic holds all 4 layers: 1,000 + 500 B fit 1,600, the third (2,000) does not. Layerwise
+    # holds 2 of 4: 500 + 250 + 250 = 1,000 <= 1,600, all stay. The first row stays even alone over budget.
+    from dualjax.core.batching import Work, fit_memory
+    plan = [(Work("a", 90, 10), 10), (Work("b", 40, 10), 10), (Work("c", 0, 50), 50)]
+    assert [w.key for w, _ in fit_memory(plan, 1600, 10, 4, 4)] == ["a", "b"]
+    assert [w.key for w, _ in fit_memory(plan, 1600, 10, 2, 4)] == ["a", "b", "c"]
+    assert [w.key for w, _ in fit_memory(plan, 10, 10, 4, 4)] == ["a"]
