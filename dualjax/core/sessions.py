@@ -135,7 +135,9 @@ def read_session(path: str) -> Session:
     for i, r in enumerate(d["requests"]):
         try:
             rows.append(_request(r, block))
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
+            raise SessionError(f"{path}: request {i}: missing field {e}") from None
+        except (TypeError, ValueError) as e:
             raise SessionError(f"{path}: request {i}: {e}") from None
     t = np.array([r[3] for r in rows])
     if np.any(np.diff(t) < 0):

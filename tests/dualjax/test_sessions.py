@@ -80,7 +80,7 @@ def _ok():
     (json.dumps({"requests": [_ok(), {**_ok(), "in": 0}]}), "request 1: 'in' and 'out' must be positive"),
     (json.dumps({"requests": [{**_ok(), "hash_ids": [1, 2, 3, 4]}]}), "request 0: 4 hash ids for 130 tokens"),
     (json.dumps({"requests": [_ok(), {**_ok(), "t": -1.0}]}), "request 1: time 't' goes backwards"),
-    (json.dumps({"requests": [{k: v for k, v in _ok().items() if k != "out"}]}), "request 0: 'out'"),
+    (json.dumps({"requests": [{k: v for k, v in _ok().items() if k != "out"}]}), "request 0: missing field 'out'"),
 ])
 def test_a_bad_session_file_is_rejected_with_its_place(tmp_path, body, reason):
     with pytest.raises(WorkloadError, match=reason):
