@@ -50,6 +50,7 @@ SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS)
 COUNTER_BITS = 24  # blocks one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
+_READ_GROUP_BYTES = 8 << 20  # one TensorStore read covers up to this many bytes of a get
 _ENTRY_MAGIC = b"DJIX3"
 _ENTRY_HEAD = struct.Struct("<5sq16s")  # magic, slot, parent hash; then L xxh3-64 (<u8), T token ids (<i4)
 
@@ -367,14 +368,20 @@ class BlockStore:
         self._pin(hashes)
         entries = self._slots(hashes)
         rows = [i for i, e in enumerate(entries) if e is not None]
-        fut = None
-        if rows:  # one TensorStore read for every block: fewer, larger I/Os than one per block
-            sel = slice(layers.start, layers.stop)
-            dst = ts.array(out, copy=False)
-            dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
-            fut = dst.write(self.array[np.array([entries[i][0] for i in rows], np.int64), sel])
-        return [BlockRead(self, h, out[i], fut if e is not None else None, layers, e)
-                for i, (h, e) in enumerate(zip(hashes, entries))]
+        futs: list = [None] * len(hashes)
+        per = max(1, _READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)))
+        for g in range(0, len(rows), per):  # a few large reads, all in flight: the first verifies while the rest land
+            group = rows[g:g + per]
+            fut = self._read_rows(out, group, [entries[i][0] for i in group], slice(layers.start, layers.stop))
+            for i in group:
+                futs[i] = fut
+        return [BlockRead(self, h, out[i], futs[i], layers, e) for i, (h, e) in enumerate(zip(hashes, entries))]
+
+    def _read_rows(self, out: np.ndarray, rows: list[int], slots: list[int], sel: slice):
+        """One TensorStore read of blocks `slots` (layers `sel`) into rows `rows` of `out`."""
+        dst = ts.array(out, copy=False)
+        dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
+        return dst.write(self.array[np.array(slots, np.int64), sel])
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
