@@ -19,11 +19,11 @@ from dualjax.core.scheduler import Thresholds
 from dualjax.runtime.store import run_layout
 
 
-def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:
+def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:
     """Median seconds of a layerwise prefill of `rows` rows of `new` tokens over `cached` ones
     (compiled first)."""
     cfg = models.get_config(model)
-    params = _params(model)
+    params = params_for(model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (rows, new))
     prefix = np.zeros((cfg.n_layers, rows, cached, *cfg.kv_record_shape), cfg.kv_dtype)
 
@@ -43,21 +43,21 @@ def _prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: 
 
 
 @functools.cache
-def _params(model: str):
+def params_for(model: str):
     return models.init_params(models.get_config(model), 0)
 
 
 @functools.cache
 def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> float:
     """New tokens per second of a layerwise prefill of `new` tokens over `cached` ones."""
-    return new / _prefill_seconds(model, cached, new)
+    return new / prefill_seconds(model, cached, new)
 
 
 @functools.cache
 def attention_fit(model: str) -> AttentionFit:
     """Prefill time as a function of (cached, new), fitted on a small grid measured here."""
     grid = [(0, 256), (0, 1024), (1024, 256), (2048, 512), (2048, 1024)]
-    return AttentionFit.fit([(c, n, _prefill_seconds(model, c, n)) for c, n in grid])
+    return AttentionFit.fit([(c, n, prefill_seconds(model, c, n)) for c, n in grid])
 
 
 @functools.cache
