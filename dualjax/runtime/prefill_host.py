@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dualjax.core.batching import Work, fit_memory, pack
+from dualjax.core.records import HostStats, PassShape, PassTally
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
@@ -85,7 +86,7 @@ class PrefillHost(Host):
         self.work_q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
         self.passes, self.pass_s, self.pass_predicted_s = 0, 0.0, 0.0
-        self.pass_shapes: dict[str, list] = {}  # "BxTxS" (rows, padded new, padded prefix) -> [passes, seconds]
+        self.pass_shapes: dict[PassShape, PassTally] = {}  # by padded shape, for `dualjax calibrate`
         self.fit = attention_fit(cfg.model)
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._work_loop, name="worker")
@@ -143,10 +144,10 @@ class PrefillHost(Host):
             self.passes += 1  # against the fit's prediction, and by padded shape (`dualjax calibrate`)
             self.pass_s += seconds
             self.pass_predicted_s += len(plan) * self.fit.predict(cached, new)
-            key = "x".join(map(str, DEFAULT_BUCKETS.pass_shape(len(plan), cached, new)))
-            tally = self.pass_shapes.setdefault(key, [0, 0.0])
-            tally[0] += 1
-            tally[1] += seconds
+            shape = PassShape(*DEFAULT_BUCKETS.pass_shape(len(plan), cached, new))
+            tally = self.pass_shapes.setdefault(shape, PassTally(shape))
+            tally.passes += 1
+            tally.seconds += seconds
             for r in finished:
                 rows.remove(r)
                 self.buffer.release(r.nbytes)
@@ -229,7 +230,9 @@ class PrefillHost(Host):
         self.transport.send(r.a.de, PrefillDone(r.a.request.id, r.hit, first, times))
         self.transport.send(0, PrefillFinished(r.a.request.id))
 
-    def stats(self) -> dict:
-        return {**super().stats(), "busy_s": self.busy_s, "buffer_peak_bytes": self.buffer.peak,
-                "passes": self.passes, "pass_s": self.pass_s, "pass_predicted_s": self.pass_predicted_s,
-                "pass_shapes": self.pass_shapes, "pack_fit": dataclasses.astuple(self.fit)}
+    def stats(self) -> HostStats:
+        return dataclasses.replace(
+            super().stats(), busy_s=self.busy_s, buffer_peak_bytes=self.buffer.peak,
+            buffer_budget_bytes=self.buffer.budget, passes=self.passes, pass_s=self.pass_s,
+            pass_predicted_s=self.pass_predicted_s, pass_shapes=list(self.pass_shapes.values()),
+            pack_fit=dataclasses.astuple(self.fit))
