@@ -22,26 +22,11 @@ import argparse
 import importlib
 import sys
 
+from dualjax.cli.errors import user_errors
 from dualjax.core.config import RunConfig, add_flags, from_args
 
 BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
            "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e", "dataplane": "dualjax.bench.dataplane"}
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """The project's own error types for bad input: the CLI reports these in one line."""
-    from dualjax.core.config import ConfigError
-    from dualjax.core.planner import HardwareError
-    from dualjax.core.policies import PolicyError
-    from dualjax.core.workload import WorkloadError
-    from dualjax.outputs import OutputError
-    from dualjax.sim.profiles import ProfileError
-    from dualjax.sim.resources import SimError
-    from kvstore import StoreError
-    from models.checkpoint import CheckpointError
-    from models.config import ModelConfigError
-    return (ConfigError, HardwareError, PolicyError, WorkloadError, ProfileError, SimError, StoreError,
-            CheckpointError, ModelConfigError, OutputError)
 
 
 def cmd_run(args) -> int:

@@ -89,7 +89,7 @@ def cmd_sweep(args, window) -> dict:
 
 def ablation_main(argv) -> int:
     """`dualjax sim ablation ... [--json FILE] [--png FILE]`: the ablation table, its JSON and a bar plot."""
-    from dualjax.cli.main import user_errors
+    from dualjax.cli.errors import user_errors
     from dualjax.sim.ablation import ablation
     p = argparse.ArgumentParser(prog="dualjax sim ablation", description="Basic, + layerwise prefill, + dual-path "
                                 "loading (naive scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")

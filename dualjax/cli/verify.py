@@ -74,5 +74,6 @@ def main(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "mismatches"} | {"mismatches": len(result["mismatches"])}))
+    summary = {k: v for k, v in result.items() if k != "mismatches"} | {"mismatches": len(result["mismatches"])}
+    print(json.dumps(summary))
     return 0 if result["identical"] else 1
