@@ -104,6 +104,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.events_done = 0
         self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
+        self.de_mem_peak = 0.0
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
         self.shared = bool(hw.contention or hw.decode_contention)
         self.slow = {PrefillEngine: _slowdowns(hw.contention, len(self.engines)),
@@ -210,8 +211,12 @@ class Simulation(PrefillSide, DecodeSide):
 
     def _schedule(self) -> None:
         self.dirty = False
-        for d in self.scheduler.schedule(self.waiting):
+        sch = self.scheduler
+        for d in sch.schedule(self.waiting):
             self._place(d)
+            i = sch.index[d.de]
+            if sch.free[i] != math.inf:  # the DE's KV memory taken, as a fraction (`link_summary`)
+                self.de_mem_peak = max(self.de_mem_peak, sch.tokens[i] / (sch.tokens[i] + sch.free[i]))
 
     def _place(self, d) -> None:
         r, c = d.request, self.cols
@@ -293,7 +298,9 @@ class Simulation(PrefillSide, DecodeSide):
 
     def link_summary(self) -> dict:
         """Busy fraction of each kind of resource over the run (the busiest one of its kind), by role: the
-        storage NICs, host DRAM, compute NICs' tx and rx (KV traffic), and PE compute."""
+        storage NICs, host DRAM, compute NICs' tx and rx (KV traffic), and PE compute; and the peak share
+        of a DE's KV memory in use and the mean wait for placement. `binding`: the busiest, or `de_memory_peak`
+        when a DE's memory filled while requests waited over a second on average to be placed."""
         jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
         out = {}
         for role in ("prefill", "decode"):
@@ -305,7 +312,11 @@ class Simulation(PrefillSide, DecodeSide):
             out[f"{tag}_cnic_tx"] = max(e.tx.bytes / e.tx.rate for e in gpus) / jct  # KV's share of the line
             out[f"{tag}_cnic_rx"] = max(e.rx.bytes / e.rx.rate for e in gpus) / jct
         out["pe_compute"] = max(e.compute_s for e in self.engines.values() if isinstance(e, PrefillEngine)) / jct
-        out["binding"] = max((k for k in out), key=out.get)
+        out["de_memory_peak"] = self.de_mem_peak  # a peak, not a busy fraction: full means requests wait for it
+        out["queue_wait_s"] = float(np.nanmean(self.cols["scheduled"] - self.cols["arrival"]))
+        out["binding"] = max((k for k in out if k not in ("de_memory_peak", "queue_wait_s")), key=out.get)
+        if self.de_mem_peak > 0.99 and out["queue_wait_s"] > 1.0:  # requests wait in the queue for DE memory
+            out["binding"] = "de_memory_peak"
         return out
 
     def columns(self) -> dict[str, np.ndarray]:
