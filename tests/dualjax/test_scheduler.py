@@ -182,3 +182,13 @@ def test_engines_of_a_node_share_its_read_queue():
     out = s.schedule(Waiting([req(0), req(1)]))
     assert [(d.pe, d.path) for d in out] == [(1, "pe"), (2, "de")]
     assert [s.view(r).read_q_tokens for r in (1, 2, 3, 4)] == [900, 900, 900, 900]
+
+
+def test_scheduler_and_memory_settings_reach_real_runs_and_simulations():
+    from dualjax.core.config import ConfigError, RunConfig, SimConfig, to_argv
+    assert to_argv(RunConfig(scheduler="naive", pe_hbm_mb=5.0)) == ["--scheduler", "naive", "--pe-hbm-mb", "5.0"]
+    assert SimConfig(scheduler="naive").scheduler == "naive"
+    with pytest.raises(ConfigError, match="scheduler"):
+        RunConfig(scheduler="greedy")
+    with pytest.raises(ConfigError, match="pe_hbm_mb"):
+        SimConfig(pe_hbm_mb=0)
