@@ -5,8 +5,8 @@ prefill computation, against a raw read of the same bytes from the same disk in 
 
 No storage-NIC cap and no model compute (the "computation" takes each layer as a device array and
 does nothing else), so what is measured is the runtime's own data movement:
-* PE path: store -> PE buffer (a `StorageNIC` read, layer-major, checksums verified) -> the layer's
-  tokens gathered into one array (stager thread, one layer ahead) -> device (`jax.device_put`);
+* PE path: store -> PE buffer (a `StorageNIC` read, layer-major, checksums verified) -> each layer,
+  as soon as it is in (a view of the layer-major buffer), -> device (`jax.device_put`);
 * DE path: store -> DE buffer -> relay of each layer's slice (as it lies in the buffer) over the
   transport -> PE receive buffer -> device.
 Both paths run embedded (one process, in-process transport) and under `mpiexec -n 2` (rank 1 the
@@ -34,7 +34,7 @@ import numpy as np
 import kvstore as kv
 import models
 from dualjax.bench.common import emit, machine, parser
-from dualjax.runtime.buffers import LayerStager, RequestKV
+from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
 
@@ -86,18 +86,14 @@ def _deliver(dev: list, host: np.ndarray) -> None:
 
 
 def pe_path(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> float:
-    """Store -> PE buffer -> layer gather (stager) -> device, request after request (reads queued)."""
+    """Store -> PE buffer -> device, layer by layer as each arrives (reads queued per request)."""
     t0 = time.perf_counter()
     tickets = [nic.read(d.store, hashes, out=rkv.blocks, layer_major=True) for hashes, rkv in zip(d.hashes, rkvs)]
     dev: list = []
     for ticket, rkv in zip(tickets, rkvs):
-        def prepare(layer, ticket=ticket, rkv=rkv):
-            assert ticket.wait_layer(layer) == d.nb, "a block read failed"
-            return rkv.layer(layer, d.nb * d.T)
-        stager = LayerStager(prepare, d.L, ahead=1)
         for layer in range(d.L):
-            _deliver(dev, stager.get(layer))
-        stager.close()
+            assert ticket.wait_layer(layer) == d.nb, "a block read failed"
+            _deliver(dev, rkv.layer(layer, d.nb * d.T))
     dev.pop().block_until_ready()
     return time.perf_counter() - t0
 
@@ -142,9 +138,7 @@ def stages(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> dict:
     for t in [nic.read(d.store, h, out=rkv.blocks, layer_major=True) for h, rkv in zip(d.hashes, rkvs)]:
         assert t.wait() == d.nb
     out["store_read"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    layers = [rkv.layer(layer, d.nb * d.T) for rkv in rkvs for layer in range(d.L)]
-    out["gather"] = time.perf_counter() - t0
+    layers = [rkv.layer(layer, d.nb * d.T) for rkv in rkvs for layer in range(d.L)]  # views: no gather stage
     t0 = time.perf_counter()
     for host in layers:
         jax.device_put(host).block_until_ready()
@@ -188,7 +182,7 @@ def measure_embedded(d: Data, trials: int) -> dict:
 def _path_stages(res: dict, relay_gbps: float | None) -> dict:
     """Per path, the stages it chains (GB/s of each alone); device stages listed apart."""
     g = res["stage_gbps"]
-    pe = {"store_read": g["store_read"], "gather": g["gather"], "device": {"h2d": g["h2d"], "d2h": g["d2h"]}}
+    pe = {"store_read": g["store_read"], "device": {"h2d": g["h2d"], "d2h": g["d2h"]}}
     de = {"store_read": g["store_read"], "relay": relay_gbps if relay_gbps else "in-process copy (see de_gbps)",
           "device": {"h2d": g["h2d"], "d2h": g["d2h"]}}
     return {"pe": pe, "de": de}

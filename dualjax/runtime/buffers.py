@@ -9,7 +9,6 @@ reused one does not.
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 
@@ -133,52 +132,3 @@ class RequestKV:
         """[L, S, *record], a view."""
         return self.by_layer.reshape(self.layout.n_layers, -1, *self.layout.record_shape)[:, :self.n_tokens]
 
-
-class LayerStager:
-    """Prepares a request's layers ahead of the compute loop, on its own thread.
-
-    `prepare(layer)` (which may block until that layer arrived from storage or the relay, then
-    gathers it into one array, or starts its transfer to the device) runs for layer l+1 while
-    layer l computes; at most `ahead` prepared layers wait. `get(layer)`, called in layer order,
-    returns the prepared layer and re-raises what `prepare` raised. `close()` stops early.
-    """
-
-    def __init__(self, prepare, n_layers: int, ahead: int = 1):
-        self._q: queue.Queue = queue.Queue(maxsize=ahead)
-        self._stop = threading.Event()
-        self._next = 0
-        self._thread = threading.Thread(target=self._run, args=(prepare, n_layers), name="layer-stager", daemon=True)
-        self._thread.start()
-
-    def _run(self, prepare, n_layers: int) -> None:
-        for layer in range(n_layers):
-            try:
-                item = (layer, prepare(layer), None)
-            except Exception as e:  # noqa: BLE001 - re-raised in the consumer by get()
-                item = (layer, None, e)
-            while not self._stop.is_set():
-                try:
-                    self._q.put(item, timeout=0.05)
-                    break
-                except queue.Full:
-                    continue
-            if item[2] is not None or self._stop.is_set():
-                return
-
-    def get(self, layer: int):
-        if layer != self._next:
-            raise ValueError(f"LayerStager: layer {layer} asked, {self._next} is next")
-        _, value, error = self._q.get()
-        self._next += 1
-        if error is not None:
-            raise error
-        return value
-
-    def close(self) -> None:
-        self._stop.set()
-        while True:
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join(timeout=5)

@@ -24,6 +24,7 @@ from dualjax.core.workload import PRESETS, get_workload, load_workload, max_cont
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
+from dualjax.runtime.warmup import prompt_lengths, warm_decode
 from kvstore import block_chain
 from models import DecodeCache, greedy
 from models.buckets import DEFAULT_BUCKETS
@@ -90,6 +91,9 @@ class DecodeHost(Host):
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._decode_loop, name="decode")
         self.spawn(self._write_loop, name="writer")
+
+    def warm_up(self) -> None:
+        self.cache = warm_decode(self.cache, self.params, prompt_lengths(self.cfg, self.model_cfg))
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):

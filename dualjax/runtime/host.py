@@ -7,6 +7,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 import traceback
 
 import jax
@@ -15,7 +16,7 @@ import kvstore
 import models
 from dualjax.core.config import RunConfig
 from dualjax.core.records import HostStats, SnicStats, StoreStats
-from dualjax.runtime.messages import EngineState, Shutdown, StatsRequest
+from dualjax.runtime.messages import EngineState, Shutdown, StatsRequest, Warm
 from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.transport import HostFailure, Transport
 
@@ -27,6 +28,7 @@ class Host:
     reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads
 
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
+        self.created = time.perf_counter()  # start-up is reported apart from the run (`Warm`)
         self.transport, self.cfg, self.rank = transport, cfg, transport.rank
         self.model_cfg = models.get_config(cfg.model)
         self.layout = run_layout(cfg)
@@ -93,9 +95,16 @@ class Host:
             raise RuntimeError(f"injected failure on rank {self.rank} ({self.role})")
 
     # -- message loop ------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Compile the programs the workload will need (subclasses); runs before `Warm` is sent."""
+
     def run(self) -> None:
-        """Serve messages until Shutdown; exceptions end the job."""
+        """Warm up, tell rank 0, then serve messages until Shutdown; exceptions end the job."""
         try:
+            t0 = time.perf_counter()
+            self.warm_up()
+            now = time.perf_counter()
+            self.transport.send(0, Warm(self.rank, now - self.created, now - t0))
             while not self.stop.is_set():
                 got = self.transport.recv(timeout=0.1)
                 if got is None:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import models
 from dualjax.core.config import RunConfig
@@ -26,6 +27,7 @@ from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import prefill_tokens_per_s, thresholds
 from dualjax.runtime.store import open_store, run_layout
 from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
+from dualjax.runtime.warmup import startup_report, wait_warm
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,8 @@ def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
 
 
 def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy | None = None) -> dict:
-    """Rank 0's part: drive the workload, then write the outputs."""
+    """Rank 0's part: wait until every host is warm, drive the workload, then write the outputs."""
+    t_start = time.perf_counter()
     model_cfg = models.get_config(cfg.model)
     store = open_store(cfg)
     layout = run_layout(cfg)
@@ -44,12 +47,13 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
                            cfg.think_time, model_cfg.max_seq_len)
     th = thresholds(cfg)
+    startup = startup_report(wait_warm(transport, cfg.cluster.size - 1), time.perf_counter() - t_start)
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
     records, hosts = driver.run()
     return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload),
                      {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model),
-                      **trace_hits(agents, cfg.block_tokens)})
+                      "startup": startup, **trace_hits(agents, cfg.block_tokens)})
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:

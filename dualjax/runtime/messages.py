@@ -104,3 +104,12 @@ class PrefillFinished:
     """PE -> rank 0: the request's prefill is done (its tokens leave the PE's load)."""
 
     request_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Warm:
+    """Host -> rank 0: start-up done (model, store, profile, programs compiled); the run's clock may start."""
+
+    rank: int
+    startup_s: float  # from the host's creation to now
+    compile_s: float  # of which compiling the workload's programs

@@ -29,6 +29,7 @@ from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
 from dualjax.runtime.startup import attention_fit
+from dualjax.runtime.warmup import prefill_shapes, warm_prefill
 from kvstore import block_chain
 from models import Layerwise, greedy
 from models.buckets import DEFAULT_BUCKETS
@@ -90,6 +91,9 @@ class PrefillHost(Host):
         self.fit = attention_fit(cfg.model)
         self.spawn(self._admit_loop, name="admit")
         self.spawn(self._work_loop, name="worker")
+
+    def warm_up(self) -> None:
+        warm_prefill(self.params, self.model_cfg, prefill_shapes(self.cfg, self.model_cfg, self.layout.block_tokens))
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
@@ -196,9 +200,10 @@ class PrefillHost(Host):
                 if r.a.path != "none" and valid < r.hit:
                     r.restart(valid, self.layout)
                     return []
-                prefix[b, :r.next] = np.concatenate([hit_kv[:r.start], *r.done[layer]])
+                np.concatenate([hit_kv[:r.start], *r.done[layer]], out=prefix[b, :r.next])  # no temporary
                 hits.append(hit_kv)
             kv = lw.layer(layer, prefix)  # dispatched; runs while we send the previous layer
+            kv.copy_to_host_async()  # its device->host copy starts when it is computed, not when we ask
             if previous is not None:
                 self._send_layer(plan, fresh, *previous)
             previous = (layer, hits, kv)

@@ -1,7 +1,6 @@
 """Data-plane invariants: receive buffers are reused only when nothing holds them; a request's
-layer-major host buffer reads, writes and views exactly as the Full Blocks it stands for; the
-stager yields layers in order and re-raises; the MPI transport delivers every array bit-exact;
-control traffic is counted in bytes."""
+layer-major host buffer reads, writes and views exactly as the Full Blocks it stands for; the MPI
+transport delivers every array bit-exact; control traffic is counted in bytes."""
 
 import os
 import pickle
@@ -13,7 +12,7 @@ import pytest
 
 import kvstore as kv
 import models
-from dualjax.runtime.buffers import BufferPool, LayerStager, RequestKV
+from dualjax.runtime.buffers import BufferPool, RequestKV
 from dualjax.runtime.launch import mpiexec
 from dualjax.runtime.messages import LayerKV, Ready
 from dualjax.runtime.store import layout_for
@@ -78,23 +77,6 @@ def test_store_reads_land_bit_exact_in_the_layer_major_buffer(tmp_path, tiny_lay
     nic.close()
 
 
-def test_stager_yields_in_order_and_reraises():
-    seen = []
-
-    def prepare(layer):
-        seen.append(layer)
-        if layer == 2:
-            raise KeyError("bad layer")
-        return layer * 10
-
-    s = LayerStager(prepare, 4, ahead=1)
-    assert [s.get(0), s.get(1)] == [0, 10]
-    with pytest.raises(KeyError, match="bad layer"):
-        s.get(2)
-    s.close()
-    assert seen == [0, 1, 2]  # nothing prepared past the failure
-
-
 def test_inproc_transport_counts_control_in_bytes():
     t = InProcFabric(2).transport(0)
     t.send(1, Ready(3))
@@ -115,5 +97,5 @@ def test_dataplane_benchmark_quick(tmp_path):
     from dualjax.bench import dataplane
     result = dataplane.main(["--quick", "--json", str(tmp_path / "dp.json")])
     assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "stages"} <= set(result)
-    assert {"store_read", "gather", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
+    assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]

@@ -1,0 +1,99 @@
+"""Warm start: a host compiles the programs its workload will need before the run's clock starts.
+
+A prefill pass compiles one program per padded (new tokens, prefix) shape (`models.buckets`).
+`prefill_shapes` lists the shapes a workload's turns produce when each turn hits every full block
+of the context before it (the common case) and is cut into `prefill_chunk` pieces, as the prefill
+host computes them; `warm_prefill` runs one layerwise pass of each, with zeros, so the first real
+request finds them compiled. Rank 0 starts the clock once every host said it is warm (`Warm`),
+and `report.json` states the start-up time apart (`startup`), under mpiexec as embedded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import models
+from dualjax.core.workload import load_workload
+from dualjax.runtime.messages import EngineState, Warm
+from dualjax.runtime.transport import HostFailure
+from models.buckets import DEFAULT_BUCKETS
+
+
+def prefill_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int]]:
+    """Padded (new, prefix) shapes, one row per pass, that `cfg`'s workload produces (sorted)."""
+    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    shapes, B = set(), DEFAULT_BUCKETS
+    for agent in agents:
+        ctx = 0
+        for turn in agent.turns:
+            prompt = len(turn.prompt) if turn.prompt is not None else ctx + len(turn.append)
+            hit = min(ctx, prompt - 1) // block_tokens * block_tokens if cfg.use_store else 0
+            for start in range(hit, prompt, cfg.prefill_chunk):
+                new = min(cfg.prefill_chunk, prompt - start)
+                if B.prefix(start) + B.new(new) <= model_cfg.max_seq_len:
+                    shapes.add((B.new(new), B.prefix(start)))
+            ctx = prompt + turn.gen_len
+    return sorted(shapes)
+
+
+def prompt_lengths(cfg, model_cfg) -> list[int]:
+    """Distinct prompt lengths of `cfg`'s workload (what a decode host inserts into its cache)."""
+    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    lengths = set()
+    for agent in agents:
+        ctx = 0
+        for turn in agent.turns:
+            prompt = len(turn.prompt) if turn.prompt is not None else ctx + len(turn.append)
+            lengths.add(prompt)
+            ctx = prompt + turn.gen_len
+    return sorted(lengths)
+
+
+def warm_decode(cache, params, lengths: list[int]):
+    """Compile a decode cache's inserts (one per padded prompt length) and its step; returns the
+    cache, every slot free again (the warm-up's entries lie past length 0, never attended)."""
+    cfg = cache.cfg
+    padded = sorted({min(cache.capacity - 1, DEFAULT_BUCKETS.prefix(n)) for n in lengths if 0 < n < cache.capacity})
+    for n in padded:
+        cache = cache.insert(0, np.zeros((cfg.n_layers, n, *cfg.kv_record_shape), cfg.kv_dtype)).evict(0)
+    logits, cache = cache.step(params, np.zeros(cache.slots, np.int32))
+    np.asarray(logits)
+    return cache
+
+
+def warm_prefill(params, model_cfg, shapes: list[tuple[int, int]]) -> float:
+    """One zero-filled layerwise pass per (new, prefix) shape, rows = 1; returns the seconds spent."""
+    t0 = time.perf_counter()
+    for new, prefix in shapes:
+        lw = models.Layerwise(params, model_cfg, np.zeros((1, new), np.int32), prefix_len=[prefix])
+        kv = np.zeros((1, prefix, *model_cfg.kv_record_shape), model_cfg.kv_dtype)
+        for layer in range(model_cfg.n_layers):
+            lw.layer(layer, kv)
+        np.asarray(lw.logits())
+    return time.perf_counter() - t0
+
+
+def wait_warm(transport, hosts: int, timeout_s: float = 900.0) -> dict[int, Warm]:
+    """Rank 0: wait until every host sent `Warm` (read-queue reports meanwhile are dropped: each
+    host reports again when its queue changes). Raises HostFailure after `timeout_s`."""
+    warm: dict[int, Warm] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(warm) < hosts:
+        got = transport.recv(timeout=max(0.0, deadline - time.monotonic()))
+        if got is None:
+            raise HostFailure(f"hosts {sorted(set(range(1, hosts + 1)) - set(warm))} not warm after {timeout_s:.0f} s")
+        if isinstance(got[1], Warm):
+            warm[got[1].rank] = got[1]
+        elif not isinstance(got[1], EngineState):
+            raise HostFailure(f"rank 0 got {type(got[1]).__name__} from rank {got[0]} before every host was warm")
+    return warm
+
+
+def startup_report(warm: dict[int, Warm], rank0_s: float) -> dict:
+    """report.json's `startup`: seconds before the run's clock started, per host and in all."""
+    return {"rank0_s": rank0_s, "hosts_s": {str(r): w.startup_s for r, w in sorted(warm.items())},
+            "compile_s": {str(r): w.compile_s for r, w in sorted(warm.items())},
+            "max_s": max([rank0_s, *(w.startup_s for w in warm.values())]),
+            "note": "before the clock: every host compiled its workload's prefill shapes and finished its profile"}
