@@ -18,6 +18,7 @@ import numpy as np
 
 import models
 from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
+from models.costs import decode_bytes_per_step
 
 log = logging.getLogger("dualjax.bench.model")
 
@@ -49,7 +50,7 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
 
     seconds = timeit(run, repeats=3, warmup=1)  # the warm-up compiles
     step_s = seconds / steps
-    read = models.param_bytes(cfg) + batch * context * models.kv_bytes_per_token(cfg)
+    read = models.param_bytes(cfg) + batch * decode_bytes_per_step(cfg, context)
     return {"batch": batch, "context": context, "tokens_per_s": batch / step_s, "step_ms": 1e3 * step_s,
             "bytes_read_per_s": read / step_s}
 
@@ -83,7 +84,8 @@ def main(argv=None) -> dict:
         "prefill_fraction_by_cell": {f"{p['cached']}+{p['new']}": p["flops_per_s"] / peak for p in prefill},
         "notes": f"{cfg.dtype} on {jax.default_backend()}; matmul peak = a jitted "
                  f"{n}^3 {cfg.dtype} matmul measured in this run; prefill FLOPs from "
-                 "models.costs (linear + causal attention); random weights.",
+                 "models.costs (linear + causal attention; MoE: activated experts only, while the JAX MoE "
+                 "computes every expert densely); random weights.",
     }
     emit(result, args.json)
     return result
