@@ -14,10 +14,11 @@ one row per pass, layerwise prefill (two layers per row) is not held back. All r
 process and its 2 CPU cores, so hosts also contend for compute; only the per-host storage NIC
 bandwidth and the PE memory budget are emulated.
 
-Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): runs go in order
-of importance (1p1d basic and dualpath first), each predicted to take as long as the capped runs
-before it (at first the storage factor times the control's wall), and a run that would end past
-the bound is skipped and listed under `skipped`.
+Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): the warm-up run
+(the control's configuration) measures this machine; each capped run is predicted from it (the
+storage factor times the control over the run's storage NICs), runs are kept in order of
+importance while they fit, and if not even the --quick set fits at the preset's size, the agents
+shrink until it does. A run still predicted to end past the bound is skipped and listed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 
 from dualjax.bench.common import emit, parser
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import load_run
 from dualjax.plots import plot_compare
 from dualjax.runtime.launch import run_embedded
@@ -64,19 +66,30 @@ def main(argv=None) -> dict:
 
     # The control's own configuration first: it compiles the pass shapes the compute-bound control
     # meets, so the control times compute, not compilation (the capped runs hide the few new ones).
+    t0 = time.time()
     run("warmup", policy="basic")
+    k = args.storage_factor
+    # in order of importance; the first `essential` always run (fewer agents if need be)
+    hbm_runs = [("1p1d", pol, "hbm") for pol in HBM]
+    planned = [(c, pol, None) for c, pol in QUICK] if args.quick else \
+        [(c, pol, None) for c, pol in QUICK] + hbm_runs[:2] + [(c, pol, None) for c, pol in FULL[len(QUICK):]] + \
+        hbm_runs[2:]
+    essential = len(QUICK) + (0 if args.quick else 2)
+    runs, agents = _fit_wall(planned, essential, k, time.time() - t0, args.max_wall_s - (time.time() - t_start),
+                             base.agents or get_workload(base.workload).agents)
+    if agents != (base.agents or get_workload(base.workload).agents):
+        log.info("sized to %d agents so that the runs fit --max-wall-s %.0f", agents, args.max_wall_s)
+        base = base.replace(agents=agents)
     control = run("control-uncapped-1p1d-basic", policy="basic")
     hit_bytes = sum(h["storage_bytes"] for h in control["hosts"])
-    k = args.storage_factor
     cap = hit_bytes / (k * control["jct_s"])
     log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
              cap / 1e6, hit_bytes / 1e6, k)
     jct, balance, balance_all, reports, skipped, walls = {}, {}, {}, [], [], []
     hbm_mb = _hbm_budget_mb(base)
     hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}}
-    runs = [(c, pol, None) for c, pol in (QUICK if args.quick else FULL)] + \
-        ([] if args.quick else [("1p1d", pol, hbm_mb) for pol in HBM])
     for cluster, policy, budget in runs:
+        budget = hbm_mb if budget else None
         name = f"{cluster}-{policy}" + ("-hbm" if budget else "")
         predicted = max(walls) if walls else k * control["jct_s"]
         if time.time() - t_start + predicted > args.max_wall_s:
@@ -101,6 +114,7 @@ def main(argv=None) -> dict:
     plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in reports])
     result = {
         "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick,
+        "agents": base.agents, "turns": base.turns,
         "cap_mbps": cap / 1e6,
         "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
         "control_uncapped_jct_s": control["jct_s"], "hit_bytes": hit_bytes,
@@ -122,10 +136,31 @@ def main(argv=None) -> dict:
     return result
 
 
+def _fit_wall(runs: list, essential: int, k: float, control_s: float, budget_s: float,
+              agents: int) -> tuple[list, int]:
+    """The runs (in order of importance) and the agent count that fit `budget_s` seconds, from one run of
+    the control's configuration (`control_s`): a capped run is predicted to take the control's time
+    times k over its storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least
+    the control's. Runs past the first `essential` that do not fit are left out; if the essential ones
+    do not fit, the agents shrink until they do."""
+    def cost(run) -> float:
+        c = ClusterSpec.parse(run[0])
+        nics = c.prefill if run[1] in ("basic", "pe-only") else c.prefill + c.decode
+        return max(1.0, k / nics)
+    need = (1.0 + sum(cost(r) for r in runs[:essential])) * control_s  # with the control
+    if need > budget_s:
+        return runs[:essential], max(2, int(agents * budget_s / need))
+    spent, kept = need, list(runs[:essential])
+    for r in runs[essential:]:
+        if spent + cost(r) * control_s <= budget_s:
+            kept.append(r)
+            spent += cost(r) * control_s
+    return kept, agents
+
+
 def _hbm_budget_mb(cfg: RunConfig) -> float:
     """A PE memory budget that holds every layer of about one request's prompt KV (the workload's
     longest prompt), so that it binds Basic and not layerwise prefill (two layers per row)."""
-    from dualjax.core.workload import get_workload, turn_lengths
     from models import get_config, kv_bytes_per_token
     spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
     longest = max(int(a.sum() + g[:-1].sum()) for a, g in (turn_lengths(spec, i) for i in range(spec.agents)))

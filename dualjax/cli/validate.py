@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
         hw = dataclasses.replace(hw, prefill_tokens_per_s=rp["prefill_tokens_per_s"], prefill_fit=tuple(rp["pack_fit"]))
     quick = real.get("quick", False)
     base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],
-                     agents=3 if quick else None, turns=3 if quick else None)
+                     agents=real.get("agents", 3 if quick else None), turns=real.get("turns", 3 if quick else None))
     sim_jct, errors = {}, {}
     configs = [(c, pol) for c, pols in real["jct_s"].items() for pol in pols]
     for cluster, policy in [("1p1d", "control")] + configs:
