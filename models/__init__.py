@@ -15,13 +15,14 @@ from models.config import PRESETS, ModelConfig, RopeScaling, get_config
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
 
 _LAZY = {
-    "CheckpointError": "checkpoint", "load_hf": "checkpoint", "restore_checkpoint": "checkpoint",
-    "save_checkpoint": "checkpoint", "DecodeCache": "decode", "generate": "decode",
+    "CheckpointError": "checkpoint", "load_hf": "checkpoint", "restore_checkpoint": "source",
+    "save_checkpoint": "source", "DecodeCache": "decode", "generate": "decode",
     "decode_step": "model", "forward": "model", "forward_layer": "model", "greedy": "model",
     "reference_logits": "model", "abstract_params": "params", "check_params": "params",
     "init_params": "params", "param_bytes": "params", "param_count": "params",
     "InputError": "prefill", "Layerwise": "prefill", "compile_counts": "prefill", "prefill": "prefill",
     "make_mesh": "sharding", "param_shardings": "sharding", "shard_params": "sharding",
+    "ModelSource": "source", "resolve_model": "source", "preset_names": "source", "read_config": "checkpoint",
 }
 
 __all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "RopeScaling", "get_config", "decode_flops",

@@ -23,34 +23,52 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read: missing or misshaped tensors, unknown architecture."""
 
 
-def save_checkpoint(path: str, params: Params, cfg: ModelConfig) -> None:
-    """Write params (Orbax) and `model_config.json` under directory `path` (created; must not exist)."""
+def save_checkpoint(path: str, params: Params, cfg: ModelConfig, check=check_params) -> None:
+    """Write params (Orbax) and `model_config.json` under directory `path` (created; must not exist).
+    `check` is the family's `check_params` (`models.save_checkpoint` passes the one of cfg's family)."""
     path = os.path.abspath(path)
-    check_params(params, cfg)
+    check(params, cfg)
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(path, "params"), params)
     with open(os.path.join(path, "model_config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1)
 
 
-def restore_checkpoint(path: str, shardings=None) -> tuple[ModelConfig, Params]:
-    """Read what `save_checkpoint` wrote; params land on `shardings` when given.
-
-    Raises CheckpointError naming a tensor the stored params lack, hold extra, or hold in another shape."""
+def read_config(path: str):
+    """The config `save_checkpoint` wrote under `path` (either family), without reading any tensor.
+    Raises CheckpointError when there is none or it names a field the config does not have."""
+    from models.deepseek_config import DeepSeekConfig
     path = os.path.abspath(path)
     try:
         with open(os.path.join(path, "model_config.json")) as f:
             fields = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is not a dualjax checkpoint (no model_config.json)") from None
-    cfg = ModelConfig(**{**fields, "rope_scaling": _rope_scaling_field(fields.get("rope_scaling"))})
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}/model_config.json is not JSON: {e}") from None
+    try:
+        if "kv_lora_rank" in fields:
+            return DeepSeekConfig(**fields)
+        return ModelConfig(**{**fields, "rope_scaling": _rope_scaling_field(fields.get("rope_scaling"))})
+    except TypeError as e:  # a field this version does not know, or one it needs that is absent
+        raise CheckpointError(f"{path}/model_config.json: {e}") from None
+
+
+def restore_checkpoint(path: str, shardings=None, check=check_params, abstract=abstract_params):
+    """Read what `save_checkpoint` wrote -> (config, params); params land on `shardings` when given.
+    `check` / `abstract` are the family's `check_params` / `abstract_params` (`models.restore_checkpoint`
+    passes those of the stored config's family).
+
+    Raises CheckpointError naming a tensor the stored params lack, hold extra, or hold in another shape."""
+    path = os.path.abspath(path)
+    cfg = read_config(path)
     with ocp.StandardCheckpointer() as ckptr:
         stored = ckptr.metadata(os.path.join(path, "params"))
         try:  # name a missing, extra or misshaped tensor before Orbax reports a tree mismatch
-            check_params(getattr(stored, "item_metadata", stored), cfg)
+            check(getattr(stored, "item_metadata", stored), cfg)
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
+        params = ckptr.restore(os.path.join(path, "params"), abstract(cfg, shardings))
     return cfg, params
 
 
@@ -193,4 +211,5 @@ def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
     return cfg, params
 
 
-__all__ = ["CheckpointError", "ROPE_TYPES", "save_checkpoint", "restore_checkpoint", "hf_config", "hf_rope", "load_hf"]
+__all__ = ["CheckpointError", "ROPE_TYPES", "save_checkpoint", "read_config", "restore_checkpoint", "hf_config",
+           "hf_rope", "load_hf"]

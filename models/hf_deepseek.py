@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
+from models.checkpoint import CheckpointError
 from models.deepseek import declare, is_decl
 from models.deepseek_config import DeepSeekConfig
 from models.params import Params
@@ -31,7 +32,7 @@ from models.params import Params
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
 
 
-class HFImportError(ValueError):
+class HFImportError(CheckpointError):
     """A Hugging Face DeepSeek checkpoint this loader cannot read; the message names the field or tensor."""
 
 

@@ -5,7 +5,8 @@ the bytes per second a step reads (weights + KV), the measure of a memory-bound 
 
     dualjax bench model --json FILE [--quick] [--model small]
 
-On a GPU, any preset fits (random weights, initialised on the device): `--model qwen2.5-7b`.
+On a GPU, any preset fits (random weights, initialised on the device): `--model qwen2.5-7b`; `--model DIR`
+runs a checkpoint directory (Hugging Face or Orbax) with its own weights.
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
 
 def main(argv=None) -> dict:
     p = parser(__doc__)
-    p.add_argument("--model", default="small", help="a model preset (default small)")
+    p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    cfg = models.get_config(args.model)
-    params = models.init_params(cfg, seed=0)
+    source = models.resolve_model(args.model, seed=0)
+    cfg, params = source.config, source.load_params()
     n = 1024 if jax.default_backend() == "cpu" else 8192  # big enough to saturate an accelerator
     peak = matmul_flops_per_s(n, cfg.jnp_dtype)
     grid = [(0, 256), (1024, 256), (4096, 256)] if args.quick else \
@@ -76,7 +77,8 @@ def main(argv=None) -> dict:
         log.info("decode batch=%d: %.0f tok/s", batch, decode[-1]["tokens_per_s"])
     best = max(p["flops_per_s"] for p in prefill)
     result = {
-        "benchmark": "model", "model": cfg.name, "machine": machine(), "param_bytes": models.param_bytes(cfg),
+        "benchmark": "model", "model": cfg.name, "weights": source.describe, "machine": machine(),
+        "param_bytes": models.param_bytes(cfg),
         "kv_bytes_per_token": models.kv_bytes_per_token(cfg),
         "matmul_gflops": peak / 1e9,
         "prefill": prefill, "decode": decode,
@@ -85,7 +87,7 @@ def main(argv=None) -> dict:
         "notes": f"{cfg.dtype} on {jax.default_backend()}; matmul peak = a jitted "
                  f"{n}^3 {cfg.dtype} matmul measured in this run; prefill FLOPs from "
                  "models.costs (linear + causal attention; MoE: activated experts only, while the JAX MoE "
-                 "computes every expert densely); random weights.",
+                 f"computes every expert densely); weights {source.describe}.",
     }
     emit(result, args.json)
     return result

@@ -1,6 +1,7 @@
 """`dualjax verify`: the tokens must not depend on how KV was moved.
 
-One fixed workload (tiny model, float32, 8 agents x 6 turns whose prompts cross several blocks)
+One fixed workload (the tiny model by default, or `--model` a preset or checkpoint directory; 8 agents
+x 6 turns whose prompts cross several blocks)
 runs under PE-only, DE-only, a random path per request and the DualPath scheduler; layerwise on
 and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
 store-backed run must produce bit-identical generated tokens, equal to the reference's.
@@ -48,8 +49,9 @@ def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bo
     return tokens_of(cfg.out)
 
 
-def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None) -> dict:
-    base = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny",
+def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None,
+           model: str = "tiny") -> dict:
+    base = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-tiny",
                      agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
     t0 = time.time()
     reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", out)
@@ -69,7 +71,7 @@ def verify(out: str, quick: bool = False, agents: int | None = None, turns: int 
 
 
 def main(args) -> int:
-    result = verify(args.out, quick=args.quick)
+    result = verify(args.out, quick=args.quick, model=getattr(args, "model", "tiny"))
     text = json.dumps(result, indent=1)
     if args.json:
         with open(args.json, "w") as f:

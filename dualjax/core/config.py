@@ -153,7 +153,8 @@ class Settings:
 
     cluster: ClusterSpec = setting(None, "PpDd: P prefill hosts, D decode hosts", parse=str,
                                    factory=lambda: ClusterSpec(1, 1))
-    model: str = setting("tiny", "model preset (tiny, small, ...)")
+    model: str = setting("tiny", "model preset (tiny, small, deepseek-tiny, ...) or checkpoint directory (Hugging "
+                         "Face config.json + *.safetensors, or Orbax model_config.json; docs/models.md)")
     workload: str = setting("agentic-tiny", "preset (agentic-tiny, agentic-small, agentic-e2e, paper-32k/48k/64k), "
                             "a trajectory file *.jsonl, mooncake:PATH[:LIMIT[:LENGTH_SCALE]] or "
                             "sessions:PATH[:LIMIT[:LENGTH_SCALE]]")

@@ -17,7 +17,7 @@ import models
 from dualjax.core.config import RunConfig
 from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.runtime.messages import EngineState, Shutdown, StatsRequest, Warm
-from dualjax.runtime.store import open_store, run_layout
+from dualjax.runtime.store import open_store, run_layout, run_model
 from dualjax.runtime.transport import HostFailure, Transport
 
 log = logging.getLogger(__name__)
@@ -30,12 +30,11 @@ class Host:
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.created = time.perf_counter()  # start-up is reported apart from the run (`Warm`)
         self.transport, self.cfg, self.rank = transport, cfg, transport.rank
-        self.model_cfg = models.get_config(cfg.model)
+        source = run_model(cfg)
+        self.model_cfg = source.config
         self.layout = run_layout(cfg)
-        if params is None:
-            params = models.init_params(self.model_cfg, cfg.param_seed)
-            if len(jax.local_devices()) > 1:  # tensor parallel over this host's devices
-                params = models.shard_params(params, self.model_cfg, models.make_mesh())
+        if params is None:  # this host's weights, from its own files, tensor parallel over its devices
+            params = source.load_params(models.make_mesh() if len(jax.local_devices()) > 1 else None)
         self.params = params
         self.store = open_store(cfg)
         cap = cfg.snic_mbps * 1e6 if cfg.snic_mbps else None

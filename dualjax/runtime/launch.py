@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 
-import models
 from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, get_policy
 from dualjax.core.workload import load_workload, slo_for, trace_hits
@@ -25,7 +24,7 @@ from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
 from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import prefill_tokens_per_s, thresholds
-from dualjax.runtime.store import open_store, run_layout
+from dualjax.runtime.store import open_store, run_layout, run_model
 from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
 from dualjax.runtime.warmup import startup_report, wait_warm
 
@@ -40,7 +39,7 @@ def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
 def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy | None = None) -> dict:
     """Rank 0's part: wait until every host is warm, drive the workload, then write the outputs."""
     t_start = time.perf_counter()
-    model_cfg = models.get_config(cfg.model)
+    model_cfg = run_model(cfg).config  # the config alone: rank 0 never loads the weights
     store = open_store(cfg)
     layout = run_layout(cfg)
     policy = policy or get_policy(cfg.policy)
@@ -69,7 +68,7 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
     `cfg.policy`. Raises HostFailure with the failing host's traceback."""
     open_store(cfg)  # fail fast on a fingerprint mismatch, before any host starts
     fabric = InProcFabric(cfg.cluster.size)
-    params = models.init_params(models.get_config(cfg.model), cfg.param_seed)
+    params = run_model(cfg).load_params()
     hosts = [make_host(r, fabric.transport(r), cfg, params) for r in range(1, cfg.cluster.size)]
     threads = [threading.Thread(target=h.run, name=f"rank{h.rank}", daemon=True) for h in hosts]
     for t in threads:
@@ -92,7 +91,7 @@ def check_run(cfg: RunConfig) -> None:
     """Fail fast, before any process starts: presets and policy resolve, the workload loads,
     buffers hold a block, the store matches."""
     from dualjax.runtime.buffers import HostBuffer
-    model_cfg = models.get_config(cfg.model)
+    model_cfg = run_model(cfg).config
     layout = run_layout(cfg)
     get_policy(cfg.policy)
     load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps, cfg.think_time,

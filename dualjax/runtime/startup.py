@@ -16,13 +16,13 @@ import models
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
 from dualjax.core.scheduler import Thresholds
-from dualjax.runtime.store import run_layout
+from dualjax.runtime.store import run_layout, run_model
 
 
 def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:
     """Median seconds of a layerwise prefill of `rows` rows of `new` tokens over `cached` ones
     (compiled first)."""
-    cfg = models.get_config(model)
+    cfg = models.resolve_model(model).config
     params = params_for(model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (rows, new))
     prefix = np.zeros((cfg.n_layers, rows, cached, *cfg.kv_record_shape), cfg.kv_dtype)
@@ -44,7 +44,9 @@ def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: i
 
 @functools.cache
 def params_for(model: str):
-    return models.init_params(models.get_config(model), 0)
+    """Random weights of `model`'s shape (a preset or a checkpoint's config): the timings do not depend
+    on the values, so a profile never loads a checkpoint's tensors."""
+    return models.init_params(models.resolve_model(model).config, 0)
 
 
 @functools.cache
@@ -77,5 +79,5 @@ def store_read_bytes_per_s(store_dir: str, layout: kvstore.BlockLayout, blocks: 
 
 def thresholds(cfg: RunConfig) -> Thresholds:
     snic = cfg.snic_mbps * 1e6 if cfg.snic_mbps else store_read_bytes_per_s(cfg.store_dir, run_layout(cfg))
-    return Thresholds.from_rates(snic, models.kv_bytes_per_token(models.get_config(cfg.model)),
+    return Thresholds.from_rates(snic, models.kv_bytes_per_token(run_model(cfg).config),
                                  prefill_tokens_per_s(cfg.model))

@@ -17,7 +17,7 @@ import os
 import shutil
 
 import models
-from kvstore import BlockLayout, BlockStore, StoreError, local_spec
+from kvstore import BlockLayout, BlockStore, FingerprintMismatch, StoreError, local_spec
 
 MARGIN_FRACTION, MARGIN_MIN_BYTES = 0.05, 1 << 30
 
@@ -30,9 +30,16 @@ def layout_for(cfg, block_tokens: int = 64, hash_seed: int = 0, weights: str = "
                        dtype=cfg.kv_dtype, format=fmt, hash_seed=hash_seed)
 
 
+def run_model(cfg) -> models.ModelSource:
+    """The model of a run (a RunConfig's `model` and `param_seed`): a preset with random weights or a
+    checkpoint directory; its config is read without loading tensors."""
+    return models.resolve_model(cfg.model, getattr(cfg, "param_seed", 0))
+
+
 def run_layout(cfg) -> BlockLayout:
-    """The layout of a run (a RunConfig): its model, block size and hash seed."""
-    return layout_for(models.get_config(cfg.model), cfg.block_tokens, cfg.hash_seed)
+    """The layout of a run (a RunConfig): its model and weights, block size and hash seed."""
+    source = run_model(cfg)
+    return layout_for(source.config, cfg.block_tokens, cfg.hash_seed, source.weights)
 
 
 def default_budget(directory: str, held_bytes: int) -> int:
@@ -49,7 +56,11 @@ def open_store(cfg) -> BlockStore | None:
     if not cfg.use_store:
         return None
     os.makedirs(cfg.store_dir, exist_ok=True)
-    store = BlockStore(local_spec(cfg.store_dir), run_layout(cfg))
+    try:
+        store = BlockStore(local_spec(cfg.store_dir), run_layout(cfg))
+    except FingerprintMismatch as e:  # say whose weights this run has, in words (path and digest, or seed)
+        raise FingerprintMismatch(f"{e}; this run's weights: {run_model(cfg).describe}",
+                                  e.cause) from None
     if cfg.store_gb is not None:
         store.set_capacity(int(cfg.store_gb * 1e9))
         return store
