@@ -92,6 +92,26 @@ def attend(q, keys, vals, mask, cfg: ModelConfig):
     return constrain(jnp.einsum("bkgts,bksh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H), Q_AXES)
 
 
+def attend_fused(q, keys, vals, mask, cfg: ModelConfig):
+    """GQA attention through `jax.nn.dot_product_attention`: q [B, T, N, H] over keys/vals
+    [B, S, K, H] (sequence-major) where mask [B, T, S]. JAX picks the implementation: cuDNN's fused
+    (flash) attention on GPUs where it applies (16-bit dtypes), XLA's elsewhere (`attention_implementation`)."""
+    out = jax.nn.dot_product_attention(q, keys, vals, mask=mask[:, None], implementation=None)
+    return constrain(out.astype(vals.dtype), Q_AXES)
+
+
+@functools.cache
+def attention_implementation(cfg: ModelConfig) -> str:
+    """Which implementation `attend_fused` compiles to on this backend for `cfg`: "cudnn" when the
+    compiled program calls cuDNN's fused attention, else "xla"."""
+    K, H, N = cfg.n_kv_heads, cfg.head_dim, cfg.n_heads
+    q = jax.ShapeDtypeStruct((1, 128, N, H), cfg.jnp_dtype)
+    kv = jax.ShapeDtypeStruct((1, 256, K, H), cfg.jnp_dtype)
+    mask = jax.ShapeDtypeStruct((1, 128, 256), jnp.bool_)
+    text = jax.jit(attend_fused, static_argnums=4).lower(q, kv, kv, mask, cfg).compile().as_text()
+    return "cudnn" if "cudnn" in text.lower() else "xla"
+
+
 def finish_layer(x, attn, lp, cfg: ModelConfig):
     """Output projection, residuals and the SwiGLU MLP: x [B, T, D], attn [B, T, N, H] -> x."""
     x = constrain(x + jnp.einsum("btnh,nhd->btd", attn, lp["wo"]), X_AXES)
@@ -111,12 +131,12 @@ def forward_layer(x, lp, positions, cfg: ModelConfig, prefix_kv, prefix_len):
     S = prefix_kv.shape[1]
     prefix_kv = constrain(prefix_kv, KV_AXES)
     q, kv = project_qkv(x, lp, positions, cfg)
-    keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1).transpose(0, 2, 1, 3)  # [B, K, S+T, H]
-    vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1).transpose(0, 2, 1, 3)
+    keys = jnp.concatenate([prefix_kv[:, :, 0], kv[:, :, 0]], axis=1)  # [B, S+T, K, H]
+    vals = jnp.concatenate([prefix_kv[:, :, 1], kv[:, :, 1]], axis=1)
     in_prefix = jnp.arange(S)[None, None, :] < prefix_len[:, None, None]  # [B, 1, S]
     causal = jnp.arange(T)[None, :, None] >= jnp.arange(T)[None, None, :]  # [1, T, T]
     mask = jnp.concatenate([jnp.broadcast_to(in_prefix, (B, T, S)), jnp.broadcast_to(causal, (B, T, T))], -1)
-    return finish_layer(x, attend(q, keys, vals, mask, cfg), lp, cfg), kv
+    return finish_layer(x, attend_fused(q, keys, vals, mask, cfg), lp, cfg), kv
 
 
 def forward(params: Params, cfg: ModelConfig, tokens, prefix_kv, prefix_len):

@@ -19,6 +19,8 @@ import numpy as np
 
 import models
 from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
+from models.config import ModelConfig
+from models.model import attention_implementation
 from models.costs import decode_bytes_per_step
 
 log = logging.getLogger("dualjax.bench.model")
@@ -80,6 +82,7 @@ def main(argv=None) -> dict:
         "benchmark": "model", "model": cfg.name, "weights": source.describe, "machine": machine(),
         "param_bytes": models.param_bytes(cfg),
         "kv_bytes_per_token": models.kv_bytes_per_token(cfg),
+        "attention": attention_implementation(cfg) if isinstance(cfg, ModelConfig) else "xla (MLA, models.deepseek)",
         "matmul_gflops": peak / 1e9,
         "prefill": prefill, "decode": decode,
         "prefill_fraction_of_matmul_peak": best / peak,
