@@ -1,4 +1,6 @@
-"""Functional JAX decoder models (Llama / Qwen2 family). Knows nothing of storage or MPI.
+"""Functional JAX decoder models: the Llama / Qwen2 family and the DeepSeek-V3.2 family (MLA, DSA, MoE).
+Knows nothing of storage or MPI. The generic entry points (`prefill`, `Layerwise`, `DecodeCache`,
+`init_params`, `load_hf`, ...) dispatch on the config's type (`models.families`).
 
 Configs, shape buckets and cost formulas (`models.config`, `models.buckets`, `models.costs`) import
 without JAX, so the simulator can use them; everything else loads JAX on first use.
@@ -11,22 +13,34 @@ import sys
 import types
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
-from models.config import PRESETS, ModelConfig, RopeScaling, get_config
+from models.config import PRESETS, ModelConfig, RopeScaling, UnknownPreset
+from models.config import get_config as dense_config
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
+from models.deepseek_config import DEEPSEEK_PRESETS, DeepSeekConfig
 
 _LAZY = {
-    "CheckpointError": "checkpoint", "load_hf": "checkpoint", "restore_checkpoint": "source",
-    "save_checkpoint": "source", "DecodeCache": "decode", "generate": "decode",
+    "CheckpointError": "checkpoint", "load_hf": "families", "restore_checkpoint": "source",
+    "save_checkpoint": "source", "DecodeCache": "families", "generate": "families",
     "decode_step": "model", "forward": "model", "forward_layer": "model", "greedy": "model",
-    "reference_logits": "model", "abstract_params": "params", "check_params": "params",
-    "init_params": "params", "param_bytes": "params", "param_count": "params",
-    "InputError": "prefill", "Layerwise": "prefill", "compile_counts": "prefill", "prefill": "prefill",
-    "make_mesh": "sharding", "param_shardings": "sharding", "shard_params": "sharding",
+    "reference_logits": "model", "abstract_params": "families", "check_params": "families",
+    "init_params": "families", "param_bytes": "families", "param_count": "families",
+    "InputError": "prefill", "Layerwise": "families", "compile_counts": "prefill", "prefill": "families",
+    "make_mesh": "sharding", "param_shardings": "families", "shard_params": "families",
     "ModelSource": "source", "resolve_model": "source", "preset_names": "source", "read_config": "checkpoint",
 }
 
-__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "RopeScaling", "get_config", "decode_flops",
-           "kv_bytes_per_token", "prefill_flops", *_LAZY]
+__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "DEEPSEEK_PRESETS", "ModelConfig", "DeepSeekConfig",
+           "RopeScaling", "get_config", "decode_flops", "kv_bytes_per_token", "prefill_flops", *_LAZY]
+
+
+def get_config(name: str, **overrides):
+    """The preset called `name` of either family, with optional field overrides. Raises UnknownPreset
+    (a KeyError) naming every preset for an unknown name."""
+    if name in DEEPSEEK_PRESETS:
+        return DEEPSEEK_PRESETS[name].replace(**overrides) if overrides else DEEPSEEK_PRESETS[name]
+    if name not in PRESETS:
+        raise UnknownPreset(f"unknown model preset {name!r}; presets: {', '.join([*PRESETS, *DEEPSEEK_PRESETS])}")
+    return dense_config(name, **overrides)
 
 
 def __getattr__(name: str):
