@@ -8,8 +8,9 @@ loads weights), `load_params(mesh)` (each host reads its local files onto its ow
 * a preset of either family (`tiny`, `deepseek-tiny`, ...): `random:<seed>`;
 * a Hugging Face directory (`config.json` + `*.safetensors`, one file or sharded; Llama, Qwen2,
   DeepSeek-V3 / V3.2 through `models.load_hf`): `sha256:<16 hex>` over the resolved config and every
-  safetensors file's bytes (or the file's own sha256 where the file is a link into a Hugging Face
-  hub cache, whose blobs are named by it);
+  safetensors file's sha256: the file's own where Hugging Face recorded it (a link into a hub cache,
+  whose blobs are named by it, or a `hf download --local-dir` copy's `.cache/huggingface/download/
+  <file>.metadata`, while the file is not newer), else its bytes' (hashed once, files in parallel);
 * an Orbax checkpoint of the project's layout (`model_config.json` + `params/`, as
   `models.save_checkpoint` writes it): the same digest over the config and the files under `params/`
   (less Orbax's timestamp files). Orbax does not write the same bytes twice, so a re-saved copy of
@@ -20,6 +21,7 @@ Digests are cached in-process per file (path, size, mtime), so resolving again c
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import glob
@@ -34,6 +36,7 @@ from models.deepseek_config import DEEPSEEK_PRESETS, DeepSeekConfig
 
 CHUNK = 8 << 20  # bytes hashed per read
 _VOLATILE = {"_CHECKPOINT_METADATA", "commit_success.txt"}  # Orbax's timestamps: not the weights
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE_HASHES: dict[tuple[str, int, int], str] = {}
 _LOCK = threading.Lock()
 
@@ -152,18 +155,35 @@ def _digest(root: str, files: list[str], config) -> str:
     """sha256 over the config (its name aside: a copy elsewhere is the same weights) and, per file in
     order, its path under `root` and its contents' sha256."""
     h = hashlib.sha256(json.dumps({**dataclasses.asdict(config), "name": None}, sort_keys=True, default=str).encode())
-    for f in files:
-        h.update(os.path.relpath(f, root).encode() + b"\0" + file_sha256(f).encode())
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib frees the GIL
+        hashes = list(pool.map(file_sha256, files))
+    for f, digest in zip(files, hashes, strict=True):
+        h.update(os.path.relpath(f, root).encode() + b"\0" + digest.encode())
     return h.hexdigest()
 
 
-def file_sha256(path: str) -> str:
-    """The sha256 of a file's bytes: from its name when it links into a Hugging Face hub cache blob,
-    else read in chunks; cached per (real path, size, mtime)."""
+def _recorded_sha256(path: str) -> str | None:
+    """The sha256 Hugging Face recorded for this file: the name of the hub-cache blob it links to, or
+    the etag of a `--local-dir` download's metadata (commit, etag, time) while the file is not newer."""
     real = os.path.realpath(path)
-    blob = os.path.basename(real)
-    if real != os.path.abspath(path) and re.fullmatch(r"[0-9a-f]{64}", blob):
-        return blob
+    if real != os.path.abspath(path) and _SHA256.fullmatch(os.path.basename(real)):
+        return os.path.basename(real)
+    head, name = os.path.split(os.path.abspath(path))
+    try:
+        with open(os.path.join(head, ".cache", "huggingface", "download", name + ".metadata")) as f:
+            _, etag, stamp = (f.readline().strip() for _ in range(3))
+        fresh = os.stat(path).st_mtime - 1 <= float(stamp)  # huggingface_hub's own test of the record
+    except (OSError, ValueError):
+        return None
+    return etag if fresh and _SHA256.fullmatch(etag) else None
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes: as Hugging Face recorded it when it did, else read in chunks;
+    cached per (real path, size, mtime)."""
+    if recorded := _recorded_sha256(path):
+        return recorded
+    real = os.path.realpath(path)
     st = os.stat(real)
     key = (real, st.st_size, st.st_mtime_ns)
     with _LOCK:

@@ -2,6 +2,7 @@
 with the tokens its weights give, and the store's fingerprint identifies the weights, so KV written
 under one checkpoint is never served to another of the same shape."""
 
+import hashlib
 import json
 import os
 import re
@@ -108,6 +109,17 @@ def test_a_file_linked_into_a_hub_cache_is_named_by_its_blob(tmp_path):
     assert file_sha256(str(tmp_path / "model.safetensors")) == digest
 
 
+def test_a_local_dir_download_is_named_by_its_recorded_etag_until_the_file_changes(tmp_path):
+    data = tmp_path / "model.safetensors"
+    data.write_bytes(b"weights")
+    meta = tmp_path / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(f"{'c' * 40}\n{'e' * 64}\n{os.stat(data).st_mtime + 0.5}\n")
+    assert file_sha256(str(data)) == "e" * 64
+    os.utime(data, (os.stat(data).st_atime, os.stat(data).st_mtime + 10))  # edited after the download
+    assert file_sha256(str(data)) == hashlib.sha256(b"weights").hexdigest()
+
+
 @pytest.mark.parametrize("kind", ["orbax", "hf", "preset"])
 def test_each_host_loads_its_weights_sharded_over_its_mesh(tiny, tmp_path, kind):
     cfg, params = tiny
@@ -175,3 +187,12 @@ def test_a_deepseek_checkpoint_resolves_to_the_config_and_weights_it_holds(tmp_p
     assert source.config == (cfg if kind == "orbax" else cfg.replace(name="ckpt"))
     for got, want in zip(jax.tree.leaves(source.load_params()), jax.tree.leaves(params), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.slow
+def test_every_mpiexec_rank_runs_the_checkpoint_with_the_preset_tokens(tiny, tmp_path, preset_tokens):
+    cfg, params = tiny
+    ckpt = _hf(tmp_path / "ckpt", params, cfg)
+    rc = cli(["run", "--quiet", "--agents", "2", "--turns", "2", "--model", ckpt, "--out", str(tmp_path / "mpi")])
+    assert rc == 0
+    assert tokens_of(str(tmp_path / "mpi")) == preset_tokens
