@@ -94,22 +94,28 @@ def attend(q, keys, vals, mask, cfg: ModelConfig):
 
 def attend_fused(q, keys, vals, mask, cfg: ModelConfig):
     """GQA attention through `jax.nn.dot_product_attention`: q [B, T, N, H] over keys/vals
-    [B, S, K, H] (sequence-major) where mask [B, T, S]. JAX picks the implementation: cuDNN's fused
-    (flash) attention on GPUs where it applies (16-bit dtypes), XLA's elsewhere (`attention_implementation`)."""
-    out = jax.nn.dot_product_attention(q, keys, vals, mask=mask[:, None], implementation=None)
+    [B, S, K, H] (sequence-major) where mask [B, T, S], in the implementation
+    `attention_implementation(cfg)` names (cuDNN's fused attention on GPUs where it compiles, XLA's
+    elsewhere; JAX's own default is always XLA)."""
+    out = jax.nn.dot_product_attention(q, keys, vals, mask=mask[:, None], implementation=attention_implementation(cfg))
     return constrain(out.astype(vals.dtype), Q_AXES)
 
 
 @functools.cache
 def attention_implementation(cfg: ModelConfig) -> str:
-    """Which implementation `attend_fused` compiles to on this backend for `cfg`: "cudnn" when the
-    compiled program calls cuDNN's fused attention, else "xla"."""
-    K, H, N = cfg.n_kv_heads, cfg.head_dim, cfg.n_heads
-    q = jax.ShapeDtypeStruct((1, 128, N, H), cfg.jnp_dtype)
-    kv = jax.ShapeDtypeStruct((1, 256, K, H), cfg.jnp_dtype)
-    mask = jax.ShapeDtypeStruct((1, 128, 256), jnp.bool_)
-    text = jax.jit(attend_fused, static_argnums=4).lower(q, kv, kv, mask, cfg).compile().as_text()
-    return "cudnn" if "cudnn" in text.lower() else "xla"
+    """"cudnn" when this backend is a GPU, `cfg`'s dtype 16-bit and cuDNN's fused attention compiles
+    for its heads (probed once on a small shape), else "xla"."""
+    if jax.default_backend() != "gpu" or jnp.dtype(cfg.jnp_dtype).itemsize != 2:
+        return "xla"
+    q = jax.ShapeDtypeStruct((1, 128, cfg.n_heads, cfg.head_dim), cfg.jnp_dtype)
+    kv = jax.ShapeDtypeStruct((1, 256, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    mask = jax.ShapeDtypeStruct((1, 1, 128, 256), jnp.bool_)
+    try:
+        jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="cudnn")).lower(
+            q, kv, kv, mask=mask).compile()
+    except (ValueError, NotImplementedError, RuntimeError):  # not available for this shape or build
+        return "xla"
+    return "cudnn"
 
 
 def finish_layer(x, attn, lp, cfg: ModelConfig):
