@@ -163,3 +163,18 @@ def test_layerwise_driver_equals_fused(tiny_ds, full):
     np.testing.assert_allclose(np.stack(kvs), kv[:, :, 50:], **TOL)
     with pytest.raises(InputError, match="expects layer 0"):
         DeepSeekLayerwise(params, cfg, tokens[:, :8]).layer(1, ds.empty_kv(cfg, 1, 2)[0])
+
+
+def test_public_api_dispatches_on_the_config_type(tiny_ds, full):
+    import models
+    cfg, params = tiny_ds
+    tokens, logits, kv = full
+    assert models.get_config("deepseek-tiny") == cfg
+    np.testing.assert_allclose(np.asarray(models.prefill(params, cfg, tokens[:, :30])[0]), logits[:, :30], **TOL)
+    lw = models.Layerwise(params, cfg, tokens[:, 30:40], prefix_len=[30, 30])
+    for i in range(cfg.n_layers):
+        lw.layer(i, kv[i, :, :30])
+    np.testing.assert_allclose(np.asarray(lw.logits()), logits[:, 30:40], **TOL)
+    out = models.generate(params, cfg, tokens[:1, :30], steps=3)
+    assert out[0, 0] == logits[0, 29].argmax()
+    assert models.param_count(cfg) == ds.param_count(cfg)
