@@ -196,3 +196,15 @@ def test_every_mpiexec_rank_runs_the_checkpoint_with_the_preset_tokens(tiny, tmp
     rc = cli(["run", "--quiet", "--agents", "2", "--turns", "2", "--model", ckpt, "--out", str(tmp_path / "mpi")])
     assert rc == 0
     assert tokens_of(str(tmp_path / "mpi")) == preset_tokens
+
+
+@pytest.mark.slow
+def test_a_deepseek_checkpoint_runs_with_the_tokens_of_its_preset(tmp_path):
+    source = models.resolve_model("deepseek-tiny")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file(to_hf(source.load_params(), source.config), str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text(json.dumps(hf_config_dict(source.config)))
+    assert _run(tmp_path, "deepseek-tiny", "preset")[0] == 0
+    assert _run(tmp_path, str(ckpt), "ckpt")[0] == 0
+    assert tokens_of(str(tmp_path / "ckpt")) == tokens_of(str(tmp_path / "preset"))
