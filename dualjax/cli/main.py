@@ -2,7 +2,8 @@
 
     dualjax demo [--quick] [--model M]          the main job: a small agentic run, PE-only vs dual-path
     dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
-    dualjax verify --json FILE                  bit-identical tokens across paths, modes and launchers
+                                                --model: a preset or a checkpoint directory (docs/models.md)
+    dualjax verify [--model M] --json FILE      bit-identical tokens across paths, modes and launchers
     dualjax report DIR... [--png FILE]          compare runs in one table and one figure
     dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
     dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
