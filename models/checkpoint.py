@@ -121,12 +121,22 @@ def _llama_rope(hf: dict) -> tuple[float, RopeScaling | None]:
         raise CheckpointError(f"config.json: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from None
 
 
+# config.json fields of Llama / Qwen2 whose other values the dense family does not implement: (field, accepted)
+_IMPLEMENTED = (("hidden_act", lambda v: v == "silu"), ("mlp_bias", lambda v: not v),
+                ("use_sliding_window", lambda v: not v),
+                ("layer_types", lambda v: all(t == "full_attention" for t in v)))
+
+
 def hf_config(hf: dict, name: str = "hf", dtype: str | None = None) -> ModelConfig:
     """Map a Hugging Face `config.json` dict to a ModelConfig (params in `dtype`, default the file's
     `dtype` / `torch_dtype`, else float32). Raises CheckpointError naming an unsupported field."""
     arch = (hf.get("architectures") or ["?"])[0]
     if arch not in _ARCHS:
         raise CheckpointError(f"unsupported architecture {arch!r}; supported: {sorted(_ARCHS)}")
+    for field, ok in _IMPLEMENTED:
+        if hf.get(field) is not None and not ok(hf[field]):
+            raise CheckpointError(f"config.json: {field}={hf[field]!r} is not implemented for {arch} "
+                                  "(silu MLP without bias, full attention in every layer)")
     dtype = dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
         raise CheckpointError(f"config.json: dtype {dtype!r} is not one of {sorted(DTYPES)}; pass dtype= to load it")

@@ -141,6 +141,9 @@ def test_each_host_loads_its_weights_sharded_over_its_mesh(tiny, tmp_path, kind)
     ("extra", r"unexpected tensors \['model\.layers\.0\.extra\.weight'\]"),
     ("rope", r"rope_scaling\.rope_type 'linear'"),
     ("field", r"lacks the field 'vocab_size'"),
+    ("act", r"hidden_act='gelu' is not implemented"),
+    ("window", r"use_sliding_window=True is not implemented"),
+    ("layers", r"layer_types=\['full_attention', 'sliding_attention'\] is not implemented"),
 ])
 def test_a_bad_checkpoint_ends_the_run_naming_the_tensor_or_field(tiny, tmp_path, capsys, change, message):
     cfg, params = tiny
@@ -148,7 +151,9 @@ def test_a_bad_checkpoint_ends_the_run_naming_the_tensor_or_field(tiny, tmp_path
           "shape": dict(reshape="model.layers.0.self_attn.k_proj.weight"),
           "extra": dict(extra={"model.layers.0.extra.weight": np.zeros(3, np.float32)}),
           "rope": dict(config={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-          "field": dict(config={"vocab_size": None})}[change]
+          "field": dict(config={"vocab_size": None}), "act": dict(config={"hidden_act": "gelu"}),
+          "window": dict(config={"use_sliding_window": True, "sliding_window": 8}),
+          "layers": dict(config={"layer_types": ["full_attention", "sliding_attention"]})}[change]
     ckpt = _hf(tmp_path / "ckpt", params, cfg, **kw)
     rc, _ = _run(tmp_path, ckpt, "run")
     assert rc == 2
