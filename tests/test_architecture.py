@@ -54,7 +54,8 @@ def imports(path: pathlib.Path, name: str, known: set[str]) -> list[tuple[str, l
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             if base.split(".")[0] not in PACKAGES:
                 continue
             names = [a.name for a in node.names]

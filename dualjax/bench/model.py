@@ -20,8 +20,8 @@ import numpy as np
 import models
 from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
 from models.config import ModelConfig
-from models.model import attention_implementation
 from models.costs import decode_bytes_per_step
+from models.model import attention_implementation
 
 log = logging.getLogger("dualjax.bench.model")
 

@@ -130,7 +130,8 @@ class Host:
     def stats(self) -> HostStats:
         """What this host reports at the end of the run (subclasses add their own fields)."""
         sent = self.transport.sent_bytes
-        out = HostStats(self.rank, self.role, kv_sent_bytes=sent.get("kv", 0), control_sent_bytes=sent.get("control", 0))
+        out = HostStats(self.rank, self.role, kv_sent_bytes=sent.get("kv", 0),
+                        control_sent_bytes=sent.get("control", 0))
         if self.snic:
             s = self.snic.stats()
             out.snic = SnicStats(s.get("bytes_read", 0), s["busy_s"], s["wall0"], s["cap_bytes_per_s"],

@@ -101,7 +101,8 @@ def test_a_failing_host_ends_the_embedded_run(tmp_path):
 def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
     argv = ["run", "--cluster", "1p1d", "--agents", "2", "--turns", "1", "--inject-failure", "1", "--quiet",
             "--out", str(tmp_path / "mpi")]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True,
+                          timeout=240)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
 
@@ -110,7 +111,8 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
     out = tmp_path / "mpi"
     argv = ["run", "--cluster", "1p2d", "--agents", "3", "--turns", "3", "--policy", "random", "--quiet",
             "--out", str(out)]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert tokens_of(str(out)) == reference
 
@@ -216,6 +218,6 @@ def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
         report = json.load(open(tmp_path / name / "report.json"))
         assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
         assert tokens_of(str(tmp_path / name)) == reference
-    assert cli.main(["sim", "--cluster", "1p1d", "--workload", "paper-32k", "--agents", "4", "--turns", "3",
+    assert cli.main(["sim", "--cluster", "1p1d", "--model", "qwen2.5-7b", "--workload", "paper-32k", "--agents", "4",
                      "--policy", CUSTOM, "--quiet", "--out", str(tmp_path / "sim")]) == 0
     assert json.load(open(tmp_path / "sim" / "report.json"))["policy"] == "long-prefix-to-de"
