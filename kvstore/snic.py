@@ -1,7 +1,7 @@
 """Per-host storage NIC model: the read queue the scheduler balances, an optional bandwidth cap.
 
 On one machine every emulated host shares one disk, so per-host storage bandwidth does not exist
-physically (DESIGN.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
+physically (docs/architecture.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
 `cap_bytes_per_s` when set (a link: each read of at most `batch_bytes` is delivered once its
 transfer time at the cap has elapsed after the previous one's, across requests), and counts
 what it carried.

@@ -110,7 +110,7 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                         ffw=128, max_seq_len=4096),
     # Demo and CPU benchmarks: MHA (K = N) so KV bytes are large relative to compute, as in an
-    # agentic workload on a real model with FP16 KV (PAPER.md §1).
+    # agentic workload on a real model with FP16 KV (docs/paper.md §1).
     "small": ModelConfig("small", vocab=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, head_dim=32,
                          ffw=512, max_seq_len=32768),
     # Real shapes: used at full size only through jax.eval_shape and by cost models.

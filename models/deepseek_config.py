@@ -161,7 +161,7 @@ _V32 = dict(vocab=129280, d_model=7168, n_layers=61, n_heads=128, q_lora_rank=15
 DEEPSEEK_PRESETS: dict[str, DeepSeekConfig] = {
     # The public DeepSeek-V3.2 shape (671B parameters without the MTP layer): eval_shape and cost models only.
     "deepseek-v3.2": DeepSeekConfig("deepseek-v3.2", **_V32),
-    # The paper's down-scaled V3.2 (PAPER.md §8): no Q-LoRA in attention or indexer.
+    # The paper's down-scaled V3.2 (docs/paper.md §8): no Q-LoRA in attention or indexer.
     "ds-27b": DeepSeekConfig("ds-27b", **{**_V32, **dict(
         d_model=2560, ffw=12288, n_layers=30, n_heads=32, n_routed_experts=72, moe_ffw=1536, n_experts_per_tok=6,
         n_shared_experts=2, first_k_dense_replace=1, index_n_heads=32, index_head_dim=64, index_topk=1024,

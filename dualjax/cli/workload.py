@@ -1,4 +1,4 @@
-"""`dualjax workload stats NAME [--agents N] [--json FILE]`: a workload's PAPER.md §6 Table-2 statistics.
+"""`dualjax workload stats NAME [--agents N] [--json FILE]`: a workload's docs/paper.md §9 Table-2 statistics.
 
 Prints and writes `agents`, `turns_mean`, `append_mean`, `gen_mean`, `total_mean` (per agent),
 `context_mean` (per request: the prompt length) and `max_total`; for the paper presets also the
@@ -15,7 +15,7 @@ from dualjax.core.workload import PAPER_TABLE, length_stats
 def add_parser(sub) -> None:
     wl = sub.add_parser("workload", help="workload statistics (`dualjax workload stats NAME --json FILE`)")
     wsub = wl.add_subparsers(dest="workload_command", required=True)
-    st = wsub.add_parser("stats", help="turns, append, gen, total and mean context of a workload (PAPER.md §6)")
+    st = wsub.add_parser("stats", help="turns, append, gen, total and mean context of a workload (docs/paper.md §9)")
     st.add_argument("name", help="a workload preset or a trajectory file *.jsonl")
     st.add_argument("--agents", type=int, help="override the preset's number of agents")
     st.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -41,7 +41,7 @@ def main(args) -> int:
           f"turns {result['turns_mean']:.1f}, append {result['append_mean']:.0f}, gen {result['gen_mean']:.0f}, "
           f"total {result['total_mean']:.0f} (max {result['max_total']}), mean context {result['context_mean']:.0f}")
     if "error" in result:
-        print("  vs PAPER.md §6 Table 2: " + ", ".join(f"{k} {v:+.1%}" for k, v in result["error"].items()))
+        print("  vs docs/paper.md §9 Table 2: " + ", ".join(f"{k} {v:+.1%}" for k, v in result["error"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -1,4 +1,4 @@
-"""PE intra-engine batching (PAPER.md §7): pack requests FIFO into one prefill pass while the
+"""PE intra-engine batching (docs/paper.md §7): pack requests FIFO into one prefill pass while the
 predicted time stays within a compute quota; the request that would overflow is chunked, its
 chunk size found by binary search. Passes here run rows padded to a common shape (no ragged
 attention on CPU), so the prediction is that of the padded batch; the simulator also packs

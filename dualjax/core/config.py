@@ -170,7 +170,7 @@ class Settings:
     prefill_chunk: int = setting(2048, "most new tokens of one request in one prefill pass (bounds attention "
                                  "memory)")
     compute_quota_ms: float = setting(300.0, "predicted prefill time a PE packs into one pass (docs/paper.md §7)")
-    scheduler: str = setting("full", "engine selection: full (PAPER §7 alpha/beta/Z rules) or naive (round-robin "
+    scheduler: str = setting("full", "engine selection: full (alpha/beta/Z, docs/paper.md §7) or naive (round-robin "
                              "engines; the ablation's dual-path loading without the scheduler)")
     pe_hbm_mb: float | None = setting(None, "device memory a PE has for the KV of its passes, MB: Basic holds every "
                                       "layer of a row's prompt KV, layerwise two layers (default: the hardware's)")

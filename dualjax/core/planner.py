@@ -1,4 +1,4 @@
-"""The P/D ratio window of PAPER.md §8: which prefill:decode node ratios keep every link within
+"""The P/D ratio window of docs/paper.md §8: which prefill:decode node ratios keep every link within
 its bandwidth when hit KV is read on both sides.
 
 g GPUs per node, each with a compute NIC of B bytes/s; storage NICs of s*B per node; host DRAM

@@ -1,7 +1,7 @@
 """Run metrics (report maths): per-request columns, latency statistics, storage-NIC balance, and
 the report.json dictionary built from them. Writing the files and plots is `dualjax.outputs`.
 
-Times in records are seconds since the run started. Metrics (DESIGN.md §6): JCT, tokens/s,
+Times in records are seconds since the run started. Metrics (docs/architecture.md): JCT, tokens/s,
 TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, and per host the
 storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
 read in 1-s windows, averaged over the steady state (from the first to the last window in which

@@ -1,4 +1,4 @@
-"""The DualPath scheduler (PAPER.md §7): no MPI, no JAX, so the runtime and the simulator run it alike.
+"""The DualPath scheduler (docs/paper.md §7): no MPI, no JAX, so the runtime and the simulator run it alike.
 
 It keeps each engine's `seq` (unfinished requests), `tokens` (their tokens), a DE's free memory
 and each node's storage read queue (what its owner reports), and places requests from the
@@ -77,7 +77,7 @@ class Thresholds:
                    measured_at: tuple[int, int] = (1024, 256)):
         """`prefill_tokens_per_s`: new tokens per second of passes whose rows have `measured_at` = (cached,
         new) tokens (the shape `dualjax.runtime.startup.prefill_tokens_per_s` measures). A PE's tokens are
-        its requests' prompt tokens (PAPER §7), so beta counts a row's cached + new tokens per new one."""
+        its requests' prompt tokens (docs/paper.md §7), so beta counts a row's cached + new tokens per new one."""
         cached, new = measured_at
         return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s * (cached + new) / new)
 

@@ -18,7 +18,7 @@ time in the session. Each session is an agent and each request a turn:
 * `LENGTH_SCALE` shrinks every block, tail and output by the same factor (blocks keep their ids,
   so the hit structure is unchanged; with `--block-tokens` = round(64 x scale) the runtime's
   blocks are the trace's);
-* more agents than sessions sample sessions with replacement (PAPER.md §6 does this for its own
+* more agents than sessions sample sessions with replacement (docs/paper.md §9 does this for its own
   trajectories); a copy has its own tokens and, offline, starts up to one recorded turn late.
 
 `trace_hit_rate` is the traces/README §4 token hit rate (unbounded per-session cache, arrival
@@ -219,7 +219,7 @@ def session_table(spec: SessionSpec, agents: int | None = None, seed: int = 0, t
     drawn with replacement. Offline (`arrivals` None), a copy starts at a uniform offset within its
     session's first recorded turn (response + pause); online, `arrivals(n)` gives the n start times.
     `max_len` (the model's context) ends a session before its first request whose prompt + generation
-    exceeds it (PAPER.md §6's MaxLen rule); a session whose first request does is left out."""
+    exceeds it (docs/paper.md §9's MaxLen rule); a session whose first request does is left out."""
     loaded = load_sessions(spec.path, spec.limit)
     factor = pause_factor(think_time)
     turns = {}

@@ -1,6 +1,6 @@
 """Workloads: agents, each a list of turns, and when each agent starts.
 
-Agentic presets (PAPER.md §6): turn i of an agent appends A_i new tokens (tool output) to
+Agentic presets (docs/paper.md §9): turn i of an agent appends A_i new tokens (tool output) to
 everything so far and generates exactly G_i tokens; the prompt of turn i+1 is
 A_1, G_1, ..., A_i, G_i, A_{i+1}, where the G are the tokens the model really generated. The
 first round is random tokens, unique per agent, so no prefix is shared across trajectories;
@@ -57,7 +57,7 @@ class WorkloadSpec:
 # below. Fitted by grid search (turn_spread, first round) on 512 agents, seed 0; checked on 2,048.
 PAPER_FIT = (("paper-32k", 60, 0.60, 5000, 497, 148, 32_768), ("paper-48k", 106, 0.65, 6000, 392, 172, 49_152),
              ("paper-64k", 157, 0.70, 6000, 373, 176, 65_536))
-# PAPER.md §6 Table 2: (append, gen, total, mean context) per preset, the targets of the fit.
+# docs/paper.md §9 Table 2: (append, gen, total, mean context) per preset, the targets of the fit.
 PAPER_TABLE = {"paper-32k": (608, 148, 28_639, 17_183), "paper-48k": (474, 172, 42_607, 25_120),
                "paper-64k": (429, 176, 55_958, 32_721)}
 
@@ -72,7 +72,7 @@ PRESETS: dict[str, WorkloadSpec] = {
     # 10 agents x 5 turns (not 8 x 6: same hit bytes) leave storage NICs idle less in the last turns.
     "agentic-e2e": WorkloadSpec("agentic-e2e", agents=10, turns=5, first_append=1024, append=64, gen=8,
                                 slo_ttft_s=8.0, slo_tpot_s=0.5),
-    # The paper's datasets (PAPER.md §6 Table 2), fitted so that the kept turns reproduce the table's
+    # The paper's datasets (docs/paper.md §9 Table 2), fitted so that the kept turns reproduce the table's
     # append, gen, total and request-weighted mean context (within 5%, tests/dualjax/test_workload.py)
     # and no trajectory exceeds MaxLen. The table's turn count (157 at 64K) cannot hold with its totals
     # (157 x (429 + 176) = 95k > 64K): we read it as the trajectories' length *before* truncation at

@@ -4,9 +4,9 @@ Per request, FIFO: reserve PE buffer room; then either read the hit blocks itsel
 storage NIC (PE read path) or receive them layer by layer from the DE (DE read path). Prefill
 runs in passes: each packs ready requests FIFO while the predicted prefill time (a fit profiled
 on this engine) stays within the compute quota, chunking the request that would overflow
-(PAPER.md §7), and computes them as rows of one layerwise prefill. For each layer it sends each
+(docs/paper.md §7), and computes them as rows of one layerwise prefill. For each layer it sends each
 row's KV to its DE: hit **and** miss tokens on the PE path, only the miss tokens on the DE path
-(PAPER.md §3). With layerwise prefill the layer-l+1 KV is still arriving while layer l
+(docs/paper.md §3). With layerwise prefill the layer-l+1 KV is still arriving while layer l
 computes; without it (the Basic baseline) a request waits until its whole prefix is loaded. A
 request's chunks hold at most `prefill_chunk` tokens, which bounds attention memory. If a block
 turns out bad mid-way (fewer valid blocks than planned), that request restarts with fewer hit

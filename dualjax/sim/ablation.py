@@ -1,5 +1,5 @@
 """The paper's ablation in one run: Basic, + layerwise prefill, + dual-path loading (naive scheduler),
-+ the full scheduler, and Oracle beside them (PAPER.md §6, §9), on one cluster and workload.
++ the full scheduler, and Oracle beside them (docs/paper.md §9, §9), on one cluster and workload.
 
 Steps (name: policy, layerwise, scheduler, hardware):
 

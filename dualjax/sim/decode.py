@@ -6,7 +6,7 @@ DE's expert-parallel share, the batch's KV and indexer keys) overlapped with its
 over the DE's compute NIC (model traffic: high priority; without priority it shares the line
 with KV transfers queued there), plus a fixed per-step overhead. Before decoding, the prompt's KV
 moves from the DE buffer into the DE's HBM (a loopback over its compute NIC: the second DE DRAM
-read of PAPER §8). Full blocks are written back (counted, not queued).
+read of docs/paper.md §8). Full blocks are written back (counted, not queued).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Nodes hold g engines (one per GPU), all prefill (PE) or all decode (DE). Per nod
 write of the host buffers), and a PE or DE buffer budget. Per GPU: a full-duplex compute NIC
 (`Lane` tx and rx) where expert-parallel traffic has priority over KV, and device memory.
 Engines of a role form expert-parallel groups (`Hardware.ep_gpus`). A request flows as in the
-runtime (PAPER.md §3):
+runtime (docs/paper.md §3):
 
 1. it arrives (agents: offline all at 0, online Poisson; the next turn starts when the previous
    one completes, after an optional think time) and waits in the scheduler's FIFO queue;

@@ -2,7 +2,7 @@
 
 A PE group (the PE GPUs of up to `Hardware.ep_gpus` GPUs, whole nodes) steps together: when it
 is idle and a member has a row ready, every member packs its own ready rows with the runtime's
-`batching.pack` (the compute quota on the predicted attention-layer time, PAPER §7) and the pass
+`batching.pack` (the compute quota on the predicted attention-layer time, docs/paper.md §7) and the pass
 ends when its slowest member ends (an expert-parallel step: the MoE all-to-all waits for every
 member). A member's pass takes the profile's time at the batch's efficiency, overlapped with its
 EP all-to-all on its compute NIC (model traffic, high priority).

@@ -4,7 +4,7 @@ Hardware (`Hardware`): g engines (GPUs) per node, each node's storage NIC, each 
 (KV gets what model traffic leaves), host DRAM bandwidth, PE/DE buffer budgets, device memory
 and decode limits. Profiles:
 
-* `paper-h800`: PAPER.md §2/§8: 8 GPUs per node, 400 Gbps CNIC per GPU, one 400 Gbps storage NIC
+* `paper-h800`: docs/paper.md §2/§8: 8 GPUs per node, 400 Gbps CNIC per GPU, one 400 Gbps storage NIC
   per node, 500 GB/s host DRAM; compute from model FLOPs at a stated efficiency of H800 peak.
 * `oracle`: the same GPUs with free storage and transfers (the paper's upper bound).
 * `local`: written by `dualjax calibrate` (measured prefill/decode timings, store read rate,
@@ -102,7 +102,7 @@ class Hardware:
     gpus_per_node: int
     snic_bytes_per_s: float  # per node (all its storage NICs)
     cnic_bytes_per_s: float  # per GPU
-    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (PAPER §5: low priority)
+    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (docs/paper.md §5: low priority)
     dram_bytes_per_s: float  # per node
     pe_buffer_bytes: float  # per node
     de_buffer_bytes: float
@@ -120,8 +120,8 @@ class Hardware:
     prefill_half_tokens: float = 0.0
     ep_gpus: int = 0  # most GPUs of one expert-parallel group (0: none; engines step alone)
     decode_step_overhead_s: float = 0.0  # per decode step: launch, sync, sampling, scheduling
-    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (PAPER §5)
-    # Buffer -> GPU copies go through the compute NIC (a loopback, PAPER §8); False: the embedded runtime,
+    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (docs/paper.md §5)
+    # Buffer -> GPU copies go through the compute NIC (a loopback, docs/paper.md §8); False: the embedded runtime,
     # where a host's model reads its buffer in place (`local`).
     loopbacks: bool = False
     # `local`: every engine shares one machine's cores; a prefill pass runs contention[k - 1] times
@@ -158,7 +158,7 @@ PAPER_H800 = Hardware(
     dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
     hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.45,
     snic_efficiency=0.47, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005, loopbacks=True,
-    notes="PAPER.md §2/§8 hardware. Calibrated: storage reads at 47% of the 50 GB/s line (23.5 GB/s per node, "
+    notes="docs/paper.md §2/§8 hardware. Calibrated: storage reads at 47% of the 50 GB/s line (23.5 GB/s per node, "
           "the middle of the paper's Basic saturation, ~21-26 GB/s). Assumed (predictions rest on them): prefill "
           "at 45% of H800 dense BF16 peak for large passes, half that at 256 new tokens per GPU (a saturating "
           "curve: small passes are weight- and launch-bound); expert-parallel groups of up to 32 GPUs (4 "
@@ -168,7 +168,7 @@ PAPER_H800 = Hardware(
 
 ORACLE = dataclasses.replace(
     PAPER_H800, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,
-    notes="paper-h800 with free storage reads and transfers: the upper bound of PAPER.md §6")
+    notes="paper-h800 with free storage reads and transfers: the upper bound of docs/paper.md §9")
 
 DEFAULT_LOCAL = os.path.join("runs", "calibrate", "local.json")
 

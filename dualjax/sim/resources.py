@@ -44,7 +44,7 @@ class Lane:
     """One direction of a compute NIC (tx: out of memory, rx: into memory; a loopback uses both).
 
     Model traffic (EP dispatch/combine) is a utilisation the owning engine sets for the duration
-    of a pass or a decode step. With priority (PAPER §5) a KV transfer gets the rest of the line,
+    of a pass or a decode step. With priority (docs/paper.md §5) a KV transfer gets the rest of the line,
     at least `1 - share` of it (model traffic gets `share` under contention); without, model and
     KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
     force when it is queued (a fluid approximation: later changes of the model load do not
@@ -168,7 +168,7 @@ def _at_least(x: int, measured: set[int]) -> int:
 
 class Costs:
     """Seconds of prefill passes and decode steps, and device memory, from a hardware profile and a model.
-    `predict(cached, new)` is what a PE packs with (the attention-layer time, PAPER §7; on a measured
+    `predict(cached, new)` is what a PE packs with (the attention-layer time, docs/paper.md §7; on a measured
     profile the runtime's own fit); `pass_seconds` what a pass then takes."""
 
     def __init__(self, hw: Hardware, model: ModelCost, decode_capacity: int, pe_ep: int = 1, de_ep: int = 1):

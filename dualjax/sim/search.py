@@ -49,7 +49,7 @@ def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardw
 def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.0, steps: int = 6,
                   policy=None, log=print, hardware=None, spans: float = 5.0) -> dict:
     """The highest APS (Poisson agent arrivals per second) at which at least `attainment` of the steady-state
-    window's requests meet the workload's SLO (TTFT and TPOT, PAPER §6): each trial an online run whose
+    window's requests meet the workload's SLO (TTFT and TPOT, docs/paper.md §9): each trial an online run whose
     arrivals last `spans` agent lifetimes, scored from the third lifetime on (`steady_state`);
     doubling/halving to bracket the capacity, then `steps` bisections. Returns {"capacity_aps", "window_s"
     (the window scored at the capacity), "lifetime_s", "attainment", "trials": [...], "bracketed"}."""

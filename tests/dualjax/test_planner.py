@@ -1,4 +1,4 @@
-"""The P/D window of PAPER.md §8 on the paper's worked example and hand-worked cases."""
+"""The P/D window of docs/paper.md §8 on the paper's worked example and hand-worked cases."""
 
 from fractions import Fraction
 

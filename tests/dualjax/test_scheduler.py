@@ -1,4 +1,4 @@
-"""The scheduler's rules (PAPER.md §7) on hand-worked cases. No MPI, no JAX."""
+"""The scheduler's rules (docs/paper.md §7) on hand-worked cases. No MPI, no JAX."""
 
 import math
 
@@ -83,7 +83,7 @@ def test_schedule_is_fifo_updates_loads_and_stops_at_the_first_misfit():
     assert [(d.request.id, d.pe, d.de, d.path) for d in out] == [(0, 1, 2, "pe"), (1, 1, 2, "de")]
     assert [r.id for r in waiting] == [2]
     # The state carries the decisions: loads, the DE's memory and both read queues.
-    # A PE's tokens are its requests' prompt tokens (PAPER §7), not their misses.
+    # A PE's tokens are its requests' prompt tokens (docs/paper.md §7), not their misses.
     assert (s.view(1).seq, s.view(1).tokens, s.view(1).read_q_tokens) == (2, 2000, 900)
     assert (s.view(2).tokens, s.view(2).free_tokens, s.view(2).read_q_tokens) == (2200, 2800, 900)
     s.update(2, -1, -1100)

@@ -212,7 +212,7 @@ def test_storage_balance_over_the_steady_state():
 
 
 def test_kv_traffic_raises_tpot_only_without_priority():
-    # PAPER §5: model (EP) traffic has priority on the compute NICs, so KV moving through a DE's NIC while
+    # docs/paper.md §5: model (EP) traffic has priority on the compute NICs, so KV moving through a DE's NIC while
     # it decodes must not lengthen its steps. Each step: 10 ms of compute overlapped with an EP all-to-all
     # of 1.5 MB (one sequence, 2 nodes: half of 1.5e6 x 2 crosses) = 7.5 ms at 100 MB/s: 10 ms. Without
     # priority the all-to-all gets half the NIC while KV is queued there: 15 ms.

@@ -37,7 +37,7 @@ def test_presets_are_deterministic_and_unshared():
 
 @pytest.mark.parametrize("name", sorted(PAPER_TABLE))
 def test_paper_presets_reproduce_table_2_and_respect_maxlen(name):
-    # PAPER.md §6 Table 2: append, gen, total and the request-weighted mean context within 5%, and
+    # docs/paper.md §9 Table 2: append, gen, total and the request-weighted mean context within 5%, and
     # no trajectory longer than MaxLen (the reference: the table's numbers and its MaxLen).
     spec = get_workload(name, agents=512)
     lengths = [turn_lengths(spec, a) for a in range(spec.agents)]

@@ -39,7 +39,7 @@ def test_prefill_and_decode_by_hand():
     assert costs.prefill_flops(fp8, 10, 3000) == pytest.approx(want)
     # Causal below the window: 1 + 2 + ... + 100 positions.
     assert costs.prefill_flops(fp8, 100) == pytest.approx(100 * 74_952_212_480 + (attn_pair + idx_pair) * 5050)
-    # The paper's cache-compute ratio (PAPER.md §1: ~22 GB/PFLOP at 32.7k context, 429-token append).
+    # The paper's cache-compute ratio (docs/paper.md §1: ~22 GB/PFLOP at 32.7k context, 429-token append).
     ratio = 32_721 * 61 * 656 / 1e9 / (costs.prefill_flops(fp8, 429, 32_721) / 1e15)
     assert ratio == pytest.approx(21.4, abs=0.05)
     assert costs.decode_bytes_per_step(fp8, 9999) == 10_000 * 61 * 132 + 2048 * 61 * 656
