@@ -22,7 +22,7 @@ from models import dsa, mla, mla_cache, moe
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.deepseek_config import DeepSeekConfig
 from models.params import Decl, Params
-from models.prefill import InputError, check_tokens
+from models.prefill import InputError, check_prefix_len, check_tokens
 
 # --------------------------------------------------------------------------- parameters
 
@@ -232,14 +232,7 @@ def check_records(prefix_kv, prefix_len, cfg: DeepSeekConfig, batch: int, new: i
                          f"*{cfg.kv_record_shape}] for {cfg.name!r} ({cfg.kv_format})")
     if prefix_kv.dtype != kv_np_dtype(cfg):
         raise InputError(f"prefix_kv has dtype {prefix_kv.dtype}, expected {cfg.kv_dtype} for {cfg.name!r}")
-    S = shape[2]
-    lengths = np.full((batch,), S, np.int32) if prefix_len is None else np.asarray(prefix_len, np.int32)
-    if lengths.shape != (batch,) or lengths.min(initial=0) < 0 or lengths.max(initial=0) > S:
-        raise InputError(f"prefix_len must be [B={batch}] values in [0, {S}], got {lengths.tolist()}")
-    if lengths.max(initial=0) + new > cfg.max_seq_len:
-        raise InputError(f"sequence of {lengths.max() + new} tokens exceeds max_seq_len={cfg.max_seq_len} "
-                         f"of {cfg.name!r}")
-    return prefix_kv, lengths
+    return prefix_kv, check_prefix_len(prefix_len, batch, shape[2], new, cfg)
 
 
 def prefill(params: Params, cfg: DeepSeekConfig, tokens, prefix_kv=None, prefix_len=None,

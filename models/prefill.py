@@ -47,14 +47,18 @@ def check_prefix(prefix_kv, prefix_len, cfg: ModelConfig, batch: int, new: int, 
                          f"K={cfg.n_kv_heads}, H={cfg.head_dim}] for {cfg.name!r}")
     if prefix_kv.dtype != cfg.jnp_dtype:
         raise InputError(f"prefix_kv has dtype {prefix_kv.dtype}, expected {cfg.dtype} for {cfg.name!r}")
-    S = shape[2]
+    return prefix_kv, check_prefix_len(prefix_len, batch, shape[2], new, cfg)
+
+
+def check_prefix_len(prefix_len, batch: int, S: int, new: int, cfg) -> np.ndarray:
+    """Per-row prefix lengths [B] int32 (default all S), checked against S and the model's max_seq_len."""
     lengths = np.full((batch,), S, np.int32) if prefix_len is None else np.asarray(prefix_len, np.int32)
     if lengths.shape != (batch,) or lengths.min(initial=0) < 0 or lengths.max(initial=0) > S:
         raise InputError(f"prefix_len must be [B={batch}] values in [0, {S}], got {lengths.tolist()}")
     if lengths.max(initial=0) + new > cfg.max_seq_len:
         raise InputError(f"sequence of {lengths.max() + new} tokens exceeds max_seq_len={cfg.max_seq_len} "
                          f"of {cfg.name!r}")
-    return prefix_kv, lengths
+    return lengths
 
 
 def _pad(a, axis: int, size: int):
