@@ -21,17 +21,19 @@ from flax import struct
 
 from models.buckets import DEFAULT_BUCKETS
 from models.config import ModelConfig
-from models.model import DECODE_CACHE_AXES, decode_step_jit, greedy
+from models.model import DECODE_CACHE_AXES, DECODE_CACHE_AXES_SEQ, decode_seq_major, decode_step_jit, greedy
 from models.params import Params
 from models.prefill import InputError, check_tokens, prefill
 from models.sharding import constrain, logical_sharding
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _insert_jit(cache, kv, slot):
-    """cache [L, 2, B, K, C, H] with kv [L, S, 2, K, H] written at (slot, 0); donates `cache`."""
-    kv = kv.transpose(0, 2, 3, 1, 4)[:, :, None]  # [L, 2, 1, K, S, H]
-    return constrain(jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0)), DECODE_CACHE_AXES)
+@functools.partial(jax.jit, static_argnums=3, donate_argnums=0)
+def _insert_jit(cache, kv, slot, seq_major: bool):
+    """cache [L, 2, B, K, C, H] (or [L, 2, B, C, K, H] when `seq_major`) with kv [L, S, 2, K, H] written
+    at (slot, 0); donates `cache`."""
+    kv = kv.transpose((0, 2, 1, 3, 4) if seq_major else (0, 2, 3, 1, 4))[:, :, None]  # [L, 2, 1, S, K, H] / K, S
+    axes = DECODE_CACHE_AXES_SEQ if seq_major else DECODE_CACHE_AXES
+    return constrain(jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0)), axes)
 
 
 def _frozen(lengths) -> np.ndarray:
@@ -50,14 +52,17 @@ class DecodeCache:
     length stays 0. Build one with `DecodeCache.create`.
     """
 
-    kv: jax.Array  # [L, 2, B, K, C, H] on the device: each layer's K and V contiguous and head-major
+    kv: jax.Array  # [L, 2, B, K, C, H] on the device (seq_major: [L, 2, B, C, K, H]): each layer's K and V contiguous
     lengths: np.ndarray  # [B] int32 on the host (read-only): valid entries per slot; the next token's position
     cfg: ModelConfig = struct.field(pytree_node=False)
+    seq_major: bool = struct.field(pytree_node=False, default=False)  # the layout decode's attention reads in place
 
     @classmethod
-    def create(cls, cfg: ModelConfig, slots: int, capacity: int, sharding=None) -> "DecodeCache":
+    def create(cls, cfg: ModelConfig, slots: int, capacity: int, sharding=None,
+               seq_major: bool | None = None) -> "DecodeCache":
         """An empty cache (every slot free) of `capacity` tokens per slot, placed on `sharding` if
-        given, else sharded by its logical axes over the active mesh (`jax.set_mesh`) if any.
+        given, else sharded by its logical axes over the active mesh (`jax.set_mesh`) if any; head-major
+        unless `seq_major` (default `models.model.decode_seq_major(cfg)`: when decode runs cuDNN's attention).
 
         Raises InputError when `capacity` exceeds `cfg.max_seq_len` or `slots` < 1.
         """
@@ -65,11 +70,13 @@ class DecodeCache:
             raise InputError(f"decode capacity {capacity} exceeds max_seq_len={cfg.max_seq_len} of {cfg.name!r}")
         if slots < 1 or capacity < 2:
             raise InputError(f"a decode cache needs slots >= 1 and capacity >= 2, got {slots} and {capacity}")
-        shape = (cfg.n_layers, 2, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
+        seq_major = decode_seq_major(cfg) if seq_major is None else seq_major
+        inner = (capacity, cfg.n_kv_heads) if seq_major else (cfg.n_kv_heads, capacity)
+        shape = (cfg.n_layers, 2, slots, *inner, cfg.head_dim)
         mesh = jax.sharding.get_mesh()
         if sharding is None and not mesh.empty:
-            sharding = logical_sharding(shape, DECODE_CACHE_AXES, mesh)
-        return cls(jnp.zeros(shape, cfg.jnp_dtype, device=sharding), _frozen(np.zeros(slots)), cfg)
+            sharding = logical_sharding(shape, DECODE_CACHE_AXES_SEQ if seq_major else DECODE_CACHE_AXES, mesh)
+        return cls(jnp.zeros(shape, cfg.jnp_dtype, device=sharding), _frozen(np.zeros(slots)), cfg, seq_major)
 
     @classmethod
     def filled(cls, cfg: ModelConfig, slots: int, capacity: int, length: int) -> "DecodeCache":
@@ -87,7 +94,7 @@ class DecodeCache:
 
     @property
     def capacity(self) -> int:
-        return self.kv.shape[4]
+        return self.kv.shape[3 if self.seq_major else 4]
 
     def insert(self, slot: int, kv, length: int | None = None) -> "DecodeCache":
         """A cache whose `slot` holds the first `length` (default all S) tokens of kv [L, S, 2, K, H].
@@ -112,7 +119,7 @@ class DecodeCache:
         kv = jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * 3)
         lengths = self.lengths.copy()
         lengths[slot] = length
-        return self.replace(kv=_insert_jit(self.kv, kv, slot), lengths=_frozen(lengths))
+        return self.replace(kv=_insert_jit(self.kv, kv, slot, self.seq_major), lengths=_frozen(lengths))
 
     def truncate(self, length: int, slot: int | None = None) -> "DecodeCache":
         """A cache whose `slot` (every slot if None) keeps only its first `length` entries: a rollback,
@@ -128,6 +135,8 @@ class DecodeCache:
 
     def row(self, slot: int, start: int, stop: int):
         """KV [L, stop-start, 2, K, H] of one slot's positions [start, stop)."""
+        if self.seq_major:
+            return self.kv[:, :, slot, start:stop].transpose(0, 2, 1, 3, 4)
         return self.kv[:, :, slot, :, start:stop].transpose(0, 3, 1, 2, 4)
 
     def step(self, params: Params, tokens) -> tuple[jax.Array, "DecodeCache"]:
@@ -141,7 +150,7 @@ class DecodeCache:
         # Private copies: on CPU, JAX may alias a NumPy buffer instead of copying it, and the caller
         # may reuse `tokens` while the step still runs.
         logits, kv = decode_step_jit(params, self.cfg, jnp.array(tokens, jnp.int32), self.kv,
-                                     jnp.array(self.lengths))
+                                     jnp.array(self.lengths), seq_major=self.seq_major)
         return logits, self.replace(kv=kv, lengths=_frozen(np.where(self.lengths > 0, self.lengths + 1, 0)))
 
 

@@ -2,10 +2,13 @@
 
 `forward_layer` is the one layer implementation; the fused `forward` and the layerwise driver
 (`Layerwise`) both call it, and `decode_step` is built from its three pieces (`project_qkv`,
-`attend`, `finish_layer`), so they agree by construction.
+`attend_fused`, `finish_layer`), so they agree by construction. Attention of both goes through
+`jax.nn.dot_product_attention`, in the implementation `attention_implementation` picks per form.
 
 KV layout: a layer's KV is `[B, S, 2, K, H]` (keys after RoPE, then values); all layers stack
-to `[L, B, S, 2, K, H]`, so one sequence's slice `[L, S, 2, K, H]` is a run of Full Blocks.
+to `[L, B, S, 2, K, H]`, so one sequence's slice `[L, S, 2, K, H]` is a run of Full Blocks. The
+decode cache is head-major `[L, 2, B, K, C, H]` or sequence-major `[L, 2, B, C, K, H]`, whichever
+its attention reads in place (`decode_seq_major`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ FFW_AXES = ("act_batch", "act_seq", "ffw")  # MLP hidden [B, T, F]
 LOGITS_AXES = ("act_batch", "act_seq", "vocab")  # logits [B, T, V]
 KV_AXES = ("cache_batch", "cache_seq", None, "kv_heads", None)  # a layer's KV [B, S, 2, K, H], prefix or new
 DECODE_CACHE_AXES = ("layers", None, "cache_batch", "kv_heads", "cache_seq", None)  # [L, 2, B, K, C, H]
+DECODE_CACHE_AXES_SEQ = ("layers", None, "cache_batch", "cache_seq", "kv_heads", None)  # [L, 2, B, C, K, H]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -82,40 +86,48 @@ def project_qkv(x, lp, positions, cfg: ModelConfig):
     return constrain(apply_rope(q, positions, cfg), Q_AXES), constrain(kv, KV_AXES)
 
 
-def attend(q, keys, vals, mask, cfg: ModelConfig):
-    """GQA attention: q [B, T, N, H] over keys/vals [B, K, S, H] (head-major) where mask [B, T, S]."""
-    B, T, _, H = q.shape
-    q = q.reshape(B, T, cfg.n_kv_heads, cfg.q_per_kv, H)
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32) / np.sqrt(H)
-    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(vals.dtype)
-    return constrain(jnp.einsum("bkgts,bksh->btkgh", probs, vals).reshape(B, T, cfg.n_heads, H), Q_AXES)
-
-
-def attend_fused(q, keys, vals, mask, cfg: ModelConfig):
+def attend_fused(q, keys, vals, mask, cfg: ModelConfig, implementation: str | None = None, kv_lengths=None):
     """GQA attention through `jax.nn.dot_product_attention`: q [B, T, N, H] over keys/vals
-    [B, S, K, H] (sequence-major) where mask [B, T, S], in the implementation
-    `attention_implementation(cfg)` names (cuDNN's fused attention on GPUs where it compiles, XLA's
-    elsewhere; JAX's own default is always XLA)."""
-    out = jax.nn.dot_product_attention(q, keys, vals, mask=mask[:, None], implementation=attention_implementation(cfg))
+    [B, S, K, H] (sequence-major) where mask [B, T, S] (None: everywhere) and position < kv_lengths[b]
+    (None: all S), in `implementation` (default `attention_implementation(cfg)`: cuDNN's fused
+    attention on GPUs where it compiles, XLA's elsewhere; JAX's own default is always XLA)."""
+    out = jax.nn.dot_product_attention(q, keys, vals, mask=None if mask is None else mask[:, None],
+                                       key_value_seq_lengths=kv_lengths,
+                                       implementation=implementation or attention_implementation(cfg))
     return constrain(out.astype(vals.dtype), Q_AXES)
 
 
 @functools.cache
-def attention_implementation(cfg: ModelConfig) -> str:
+def attention_implementation(cfg: ModelConfig, decode: bool = False) -> str:
     """"cudnn" when this backend is a GPU, `cfg`'s dtype 16-bit and cuDNN's fused attention compiles
-    for its heads (probed once on a small shape), else "xla"."""
+    for its heads in this form (probed once on a small shape: prefill's 128 queries under a mask, or
+    decode's one query over per-row KV lengths), else "xla"."""
     if jax.default_backend() != "gpu" or jnp.dtype(cfg.jnp_dtype).itemsize != 2:
         return "xla"
-    q = jax.ShapeDtypeStruct((1, 128, cfg.n_heads, cfg.head_dim), cfg.jnp_dtype)
-    kv = jax.ShapeDtypeStruct((1, 256, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
-    mask = jax.ShapeDtypeStruct((1, 1, 128, 256), jnp.bool_)
+    T, S = (1, 256) if decode else (128, 256)
+    q = jax.ShapeDtypeStruct((1, T, cfg.n_heads, cfg.head_dim), cfg.jnp_dtype)
+    kv = jax.ShapeDtypeStruct((1, S, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    where = {"key_value_seq_lengths": jax.ShapeDtypeStruct((1,), jnp.int32)} if decode else \
+        {"mask": jax.ShapeDtypeStruct((1, 1, T, S), jnp.bool_)}
     try:
         jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="cudnn")).lower(
-            q, kv, kv, mask=mask).compile()
+            q, kv, kv, **where).compile()
     except (ValueError, NotImplementedError, RuntimeError):  # not available for this shape or build
         return "xla"
     return "cudnn"
+
+
+def decode_seq_major(cfg: ModelConfig) -> bool:
+    """Whether a new decode cache is sequence-major: when decode's attention is cuDNN's, which reads
+    keys and values only as [B, C, K, H]. Otherwise it is head-major, which XLA's attention dots read
+    in place (a sequence-major cache would cost them a transposed copy of every layer's KV per step)."""
+    return attention_implementation(cfg, decode=True) == "cudnn"
+
+
+def decode_implementation(cfg: ModelConfig, seq_major: bool) -> str:
+    """The attention implementation a decode step over a cache of this layout runs: cuDNN's needs the
+    sequence-major one, so a head-major cache always runs XLA's."""
+    return attention_implementation(cfg, decode=True) if seq_major else "xla"
 
 
 def finish_layer(x, attn, lp, cfg: ModelConfig):
@@ -157,28 +169,34 @@ def forward(params: Params, cfg: ModelConfig, tokens, prefix_kv, prefix_len):
     return head(params, cfg, x), constrain(jnp.stack(kvs), ("layers", *KV_AXES))
 
 
-def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths):
-    """One batched decode step. tokens [B]; cache [L, 2, B, K, C, H] (the decode layout: each
-    layer's K and V contiguous and head-major); lengths [B] valid entries per row, the new token
-    goes at position lengths[b]. Returns (logits [B, V], cache').
+def decode_step(params: Params, cfg: ModelConfig, tokens, cache, lengths, seq_major: bool | None = None):
+    """One batched decode step. tokens [B]; cache [L, 2, B, K, C, H] (head-major) or, when `seq_major`
+    (default `decode_seq_major(cfg)`, as `DecodeCache.create`), [L, 2, B, C, K, H]: each layer's K and V
+    contiguous; lengths [B] valid entries per row, the new token goes at position lengths[b].
+    Returns (logits [B, V], cache').
 
     Built from the pieces of `forward_layer`, but the new KV is written into the cache first and
-    attention reads the cache in place (no per-step copy). The jitted form `decode_step_jit`
-    donates `cache`: the caller's array is invalid afterwards.
+    attention reads the cache in place (no per-step copy), up to each row's length. The jitted form
+    `decode_step_jit` donates `cache`: the caller's array is invalid afterwards.
     """
+    seq_major = decode_seq_major(cfg) if seq_major is None else seq_major
+    axes = DECODE_CACHE_AXES_SEQ if seq_major else DECODE_CACHE_AXES
+    implementation = decode_implementation(cfg, seq_major)
     positions = lengths[:, None]
     x = embed(params, tokens[:, None])
     rows = jnp.arange(tokens.shape[0])
-    mask = (jnp.arange(cache.shape[4])[None, :] <= lengths[:, None])[:, None, :]  # [B, 1, C]
-    cache = constrain(cache, DECODE_CACHE_AXES)
+    cache = constrain(cache, axes)
     for layer, lp in enumerate(params["layers"]):
         q, kv = project_qkv(x, lp, positions, cfg)
-        cache = cache.at[layer, :, rows, :, lengths].set(kv[:, 0])  # [B, 2, K, H] at (b, lengths[b])
-        x = finish_layer(x, attend(q, cache[layer, 0], cache[layer, 1], mask, cfg), lp, cfg)
-    return head(params, cfg, x)[:, 0], constrain(cache, DECODE_CACHE_AXES)
+        at = (layer, slice(None), rows, lengths) if seq_major else (layer, slice(None), rows, slice(None), lengths)
+        cache = cache.at[at].set(kv[:, 0])  # [B, 2, K, H] at (b, lengths[b])
+        keys, vals = (cache[layer, i] if seq_major else cache[layer, i].swapaxes(1, 2) for i in (0, 1))
+        attn = attend_fused(q, keys, vals, None, cfg, implementation, kv_lengths=lengths + 1)
+        x = finish_layer(x, attn, lp, cfg)
+    return head(params, cfg, x)[:, 0], constrain(cache, axes)
 
 
-decode_step_jit = jax.jit(decode_step, static_argnums=1, donate_argnums=3)
+decode_step_jit = jax.jit(decode_step, static_argnums=1, static_argnames="seq_major", donate_argnums=3)
 
 
 def greedy(logits):

@@ -63,6 +63,28 @@ def test_decode_step_kernel_reproduces_full_forward(tiny, rng):
     np.testing.assert_allclose(np.asarray(logits[1]), ref[1, 17], **TOL)
 
 
+def test_sequence_major_decode_cache_equals_head_major(tiny, rng):
+    """The layout cuDNN's decode attention reads (`seq_major`, chosen on GPUs) runs here under XLA: the
+    same logits as the head-major cache and the reference, and the same rows back."""
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (2, 28))
+    ref = models.reference_logits(params, cfg, tokens)
+    _, kv = models.prefill(params, cfg, tokens[:, :20])
+    caches = [models.decode.DecodeCache.create(cfg, slots=2, capacity=32, seq_major=s) for s in (False, True)]
+    caches = [c.insert(0, kv[:, 0]).insert(1, kv[:, 1], length=17) for c in caches]
+    assert caches[1].kv.shape == (cfg.n_layers, 2, 2, 32, cfg.n_kv_heads, cfg.head_dim) and caches[1].capacity == 32
+    for t in range(8):
+        out = []
+        for i, cache in enumerate(caches):
+            logits, caches[i] = cache.step(params, tokens[[0, 1], [20 + t, 17 + t]])
+            out.append(np.asarray(logits))
+        np.testing.assert_allclose(out[1], out[0], **TOL)
+        np.testing.assert_allclose(out[1], ref[[0, 1], [20 + t, 17 + t]], **TOL)
+    rows = [np.asarray(c.row(1, 0, 25)) for c in caches]
+    np.testing.assert_array_equal(rows[1][:, :17], np.asarray(kv[:, 1, :17]))  # inserted: the same bytes back
+    np.testing.assert_allclose(rows[1], rows[0], **TOL)  # decoded: the layouts' dots may round differently
+
+
 def test_decode_cache_transitions_are_pure_and_donate(tiny, rng):
     cfg, params = tiny
     tokens = rng.integers(0, cfg.vocab, (1, 12))
