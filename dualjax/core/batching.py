@@ -1,8 +1,10 @@
 """PE intra-engine batching (docs/paper.md §7): pack requests FIFO into one prefill pass while the
-predicted time stays within a compute quota; the request that would overflow is chunked, its
-chunk size found by binary search. Passes here run rows padded to a common shape (no ragged
-attention on CPU), so the prediction is that of the padded batch; the simulator also packs
-ragged (GPU) passes. Pure Python: no MPI, no JAX.
+predicted attention-layer time of the batch stays within a compute quota; the request that would
+overflow is chunked, its chunk size found by binary search. The quota bounds attention only (the
+term that grows with each row's context and differs between data-parallel attention GPUs); the
+linear layers' time, per token and shared by the expert-parallel step, is left out of it. Passes
+here run rows padded to a common shape (no ragged attention on CPU), so the attention time is that
+of the padded batch; the simulator also packs ragged (GPU) passes. Pure Python: no MPI, no JAX.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ class AttentionFit:
     c: float
 
     def predict(self, cached: int, new: int) -> float:
-        return self.a * new * (cached + new / 2) + self.b * new + self.c
+        """The whole pass: attention, linear work and overhead."""
+        return self.attention(cached, new) + self.b * new + self.c
+
+    def attention(self, cached: int, new: int) -> float:
+        """The attention layers' share, the time the compute quota bounds (docs/paper.md §7)."""
+        return self.a * new * (cached + new / 2)
 
     @classmethod
     def fit(cls, samples: list[tuple[int, int, float]]) -> "AttentionFit":
@@ -44,28 +51,31 @@ class Work:
 
 
 def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int = 16, padded: bool = True):
-    """[(work, tokens)] for the next pass, FIFO. Padded passes (here: no ragged attention on CPU)
-    run rows padded to the longest prefix and chunk, so B rows are predicted to take
-    B * fit(max cached, max new); ragged ones (GPUs, in the simulator) the sum of each row's time.
-    A request that does not fit whole gets the largest chunk that does (binary search) and closes
-    the batch; the first request always gets at least `min_chunk` tokens, so every pass progresses.
-    `fit` is anything with `predict(cached, new) -> seconds`."""
+    """[(work, tokens)] for the next pass, FIFO, with the batch's predicted attention time within
+    `quota_s`. Padded passes (here: no ragged attention on CPU) run rows padded to the longest prefix
+    and chunk, so B rows are predicted to take B * attention(max cached, max new); ragged ones (GPUs,
+    in the simulator) the sum of each row's. A request that does not fit whole gets the largest chunk
+    that does (binary search) and closes the batch; the first request always gets at least
+    `min_chunk` tokens, so every pass progresses. `fit` has `attention(cached, new) -> seconds` (an
+    `AttentionFit`); an object with only `predict(cached, new)` (the simulator's `Costs`) is taken to
+    predict that attention time already."""
+    attention = getattr(fit, "attention", None) or fit.predict
     batch: list[tuple[Work, int]] = []
-    spent = 0.0  # ragged: predicted seconds of the rows already in the batch
+    spent = 0.0  # ragged: predicted attention seconds of the rows already in the batch
 
     def cost(c, n):
         if not padded:
-            return spent + fit.predict(c, n)
-        return (len(batch) + 1) * fit.predict(max([c] + [w.cached for w, _ in batch]),
-                                              max([n] + [k for _, k in batch]))
+            return spent + attention(c, n)
+        return (len(batch) + 1) * attention(max([c] + [w.cached for w, _ in batch]),
+                                            max([n] + [k for _, k in batch]))
     for w in queue:
         n = min(w.remaining, max_chunk)
         if cost(w.cached, n) <= quota_s:
             batch.append((w, n))
-            spent += fit.predict(w.cached, n) if not padded else 0.0
+            spent += attention(w.cached, n) if not padded else 0.0
             continue
         lo, hi = 0, n
-        while lo < hi:  # largest chunk whose predicted batch time still fits
+        while lo < hi:  # largest chunk whose predicted batch attention time still fits
             mid = (lo + hi + 1) // 2
             if cost(w.cached, mid) <= quota_s:
                 lo = mid

@@ -1,6 +1,7 @@
 """Profiles measured on this machine at start-up: a PE's prefill tokens/s and a storage NIC's
 bytes/s (its cap, or the store's measured read rate when uncapped) behind the scheduler's
-thresholds, and the prefill-time fit behind the PE's intra-engine batching."""
+thresholds, and the prefill-time fit behind the PE's intra-engine batching (its attention term
+under the compute quota)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> floa
 
 @functools.cache
 def attention_fit(model: str) -> AttentionFit:
-    """Prefill time as a function of (cached, new), fitted on a small grid measured here."""
+    """Prefill time as a function of (cached, new), fitted on a small grid measured here: the whole
+    pass predicts the PE's pass time, its attention term is what the compute quota bounds."""
     grid = [(0, 256), (0, 1024), (1024, 256), (2048, 512), (2048, 1024)]
     return AttentionFit.fit([(c, n, prefill_seconds(model, c, n)) for c, n in grid])
 
