@@ -6,6 +6,12 @@ no-RoPE keys and values (`attend_expanded`); decode folds `w_uk` into the query 
 the output and attends over the latent directly (`attend_absorbed`). The two are the same sums in
 a different order.
 
+The expanded form is plain multi-head attention (keys of width Dn + Dr, values of Dv), so it runs
+through `jax.nn.dot_product_attention` (cuDNN's fused attention where it compiles). The absorbed form
+does not fit that API: its one shared key is R + Dr wide (576 in DeepSeek-V3) over values of R, where
+the API takes keys and values of one width and cuDNN at most 256; it stays einsums, over at most the
+`index_topk` records DSA gathers.
+
 RoPE layouts: MLA rotates adjacent pairs (DeepSeek's interleaved layout, what HF does after its
 de-interleaving permutation); the DSA indexer rotates the two halves (`models.dsa`).
 """
@@ -19,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.deepseek_config import DeepSeekConfig, yarn_mscale
+from models.model import fused_implementation
 
 
 def rms_norm(x, w, eps):
@@ -96,15 +103,31 @@ def _softmax_where(scores, mask, dtype):
     return (e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)).astype(dtype)
 
 
+def attention_implementation(cfg: DeepSeekConfig) -> str:
+    """The implementation of prefill's expanded attention (`models.model.fused_implementation` for its
+    heads: keys and values both padded to the wider of Dn + Dr and Dv)."""
+    return fused_implementation(cfg.jnp_dtype, cfg.n_heads, cfg.n_heads, max(cfg.qk_head_dim, cfg.v_head_dim))
+
+
 def attend_expanded(q_nope, q_pe, c_kv, k_pe, mask, lp, cfg: DeepSeekConfig):
     """Attention of q [B, T, N, *] over latents c_kv [B, S, R], k_pe [B, S, Dr] where mask [B, T, S],
-    expanding per-head keys and values: returns [B, T, N, Dv]."""
+    expanding per-head keys and values: returns [B, T, N, Dv].
+
+    One `jax.nn.dot_product_attention` over q = [q_nope | q_pe] and k = [k_nope | k_pe] (the RoPE key
+    shared by every head), with q, k and v zero-padded to one width (zeros add nothing to the scores,
+    and the padded output columns are dropped). Every query sees at least one position (itself), so
+    the API's masking equals `_softmax_where`'s."""
+    B, S, _ = c_kv.shape
+    N, Dv = q_nope.shape[2], cfg.v_head_dim
     k_nope = jnp.einsum("bsr,rnk->bsnk", c_kv, lp["w_uk"])
     v = jnp.einsum("bsr,rnv->bsnv", c_kv, lp["w_uv"])
-    scores = (jnp.einsum("btnk,bsnk->bnts", q_nope, k_nope, preferred_element_type=jnp.float32)
-              + jnp.einsum("btnr,bsr->bnts", q_pe, k_pe, preferred_element_type=jnp.float32)) * cfg.softmax_scale
-    probs = _softmax_where(scores, mask[:, None], v.dtype)
-    return jnp.einsum("bnts,bsnv->btnv", probs, v)
+    q = jnp.concatenate([q_nope, q_pe], axis=-1)
+    k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe[:, :, None], (B, S, N, k_pe.shape[-1]))], axis=-1)
+    width = max(cfg.qk_head_dim, Dv)
+    q, k, v = (jnp.pad(a, [(0, 0)] * 3 + [(0, width - a.shape[-1])]) for a in (q, k, v))
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=cfg.softmax_scale,
+                                       implementation=attention_implementation(cfg))
+    return out[..., :Dv]
 
 
 def attend_absorbed(q_nope, q_pe, c_kv, k_pe, mask, lp, cfg: DeepSeekConfig):

@@ -98,15 +98,15 @@ def attend_fused(q, keys, vals, mask, cfg: ModelConfig, implementation: str | No
 
 
 @functools.cache
-def attention_implementation(cfg: ModelConfig, decode: bool = False) -> str:
-    """"cudnn" when this backend is a GPU, `cfg`'s dtype 16-bit and cuDNN's fused attention compiles
-    for its heads in this form (probed once on a small shape: prefill's 128 queries under a mask, or
+def fused_implementation(dtype, heads: int, kv_heads: int, head_dim: int, decode: bool = False) -> str:
+    """"cudnn" when this backend is a GPU, `dtype` 16-bit and cuDNN's fused attention compiles for
+    these heads in this form (probed once on a small shape: prefill's 128 queries under a mask, or
     decode's one query over per-row KV lengths), else "xla"."""
-    if jax.default_backend() != "gpu" or jnp.dtype(cfg.jnp_dtype).itemsize != 2:
+    if jax.default_backend() != "gpu" or jnp.dtype(dtype).itemsize != 2:
         return "xla"
     T, S = (1, 256) if decode else (128, 256)
-    q = jax.ShapeDtypeStruct((1, T, cfg.n_heads, cfg.head_dim), cfg.jnp_dtype)
-    kv = jax.ShapeDtypeStruct((1, S, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+    q = jax.ShapeDtypeStruct((1, T, heads, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((1, S, kv_heads, head_dim), dtype)
     where = {"key_value_seq_lengths": jax.ShapeDtypeStruct((1,), jnp.int32)} if decode else \
         {"mask": jax.ShapeDtypeStruct((1, 1, T, S), jnp.bool_)}
     try:
@@ -115,6 +115,11 @@ def attention_implementation(cfg: ModelConfig, decode: bool = False) -> str:
     except (ValueError, NotImplementedError, RuntimeError):  # not available for this shape or build
         return "xla"
     return "cudnn"
+
+
+def attention_implementation(cfg: ModelConfig, decode: bool = False) -> str:
+    """The implementation of `cfg`'s attention in prefill's form or decode's (`fused_implementation`)."""
+    return fused_implementation(cfg.jnp_dtype, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, decode)
 
 
 def decode_seq_major(cfg: ModelConfig) -> bool:
