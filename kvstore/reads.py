@@ -14,8 +14,8 @@ log = logging.getLogger("kvstore.store")
 class BlockRead:
     """One block read in flight: `done()`, and `result()` -> the verified block or None.
 
-    The block stays pinned against eviction until `result()` is called (or the BlockRead is
-    garbage-collected); no Python callback runs on TensorStore's threads.
+    The block stays pinned against eviction until `result()` or `release()` is called (or the
+    BlockRead is garbage-collected); no Python callback runs on TensorStore's threads.
     """
 
     def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, entry: tuple[int, np.ndarray] | None):
@@ -35,8 +35,18 @@ class BlockRead:
                 self.store._unpin(self.hash)
         return self._outcome
 
+    def release(self) -> None:
+        """Give the block up unread (a miss before it ended the prefix): unpin it now."""
+        if self._outcome is False:
+            self._outcome = None
+            self.store._unpin(self.hash)
+
     def _bad(self, why: str) -> None:
-        log.warning("block %s unreadable, treated as a miss and dropped from the index: %s", self.hash, why)
+        if self.hash not in self.store._entries:  # dropped meanwhile with a bad block of its segment
+            self.store.counters["misses"] += 1
+            return None
+        log.warning("block %s unreadable, treated as a miss and dropped from the index with its segment: %s",
+                    self.hash, why)
         self.store.counters["bad_blocks"] += 1
         self.store.invalidate(self.hash)
         return None

@@ -1,26 +1,38 @@
-"""The KV block store: Full Blocks in TensorStore, named by chained content hashes.
+"""The KV block store: Full Blocks in TensorStore segments, named by chained content hashes.
 
-On-disk format, under one TensorStore kvstore (a local directory by default, `memory://` in
-tests, any TensorStore kvstore by changing the spec):
+On-disk format, version 2, under one TensorStore kvstore (a local directory by default,
+`memory://` in tests, any TensorStore kvstore by changing the spec):
 
-* `dualjax_store.json`: format, layout and fingerprint (a store refuses another fingerprint);
-* `data/`: a zarr3 array `[slots, L, T, *record]`, one shard (one file) per Full Block whose
-  inner chunks are its Layer Blocks, so a read can fetch whole blocks or only some layers
-  (layer-major loading for layerwise prefill) as byte ranges; TensorStore reads straight into
-  the caller's host buffer;
-* `index/<hash>`: a small entry (slot, one XXH3-64 checksum per Layer Block, parent hash, token
-  ids) written *after* the data: a block becomes visible only once completely written. A read
-  checks each Layer Block it fetched against its checksum and re-hashes (parent, tokens), which
-  must give the key back. (XXH3 runs at ~25 GB/s here; zarr3's crc32c codec halved reads.)
+* `dualjax_store.json`: format, version, layout, fingerprint and `segment_slots` S. A store
+  refuses another fingerprint, and a store of another format version, naming both;
+* `data/`: a zarr3 array `[slots, L, T, *record]` chunked in **segments** of S consecutive slots.
+  A segment is one shard file (`data/<slot // S>.0.0...`) whose inner chunks are Layer Blocks,
+  its shard index (S·L little-endian (offset, length) pairs) at the start. A put writes its new
+  blocks into fresh segments, so one file holds up to S blocks of one put; a read fetches whole
+  blocks or only some layers (layer-major loading) as byte ranges, memory-mapped on local disks
+  and copied once, straight into the caller's host buffer;
+* `index/<hash>`: one entry per block, written *after* its segment's data, so a block becomes
+  visible only once completely written: magic `DJIX4`, slot (<i8), parent hash (16 bytes), n
+  (<u2), one XXH3-64 (<u8) per Layer Block, T token ids (<i4), the n block hashes of its segment
+  (16 bytes each) and an XXH3-64 (<u8) of all the bytes before it. A read checks each Layer Block
+  it fetched against its checksum, the entry against its own checksum, and re-hashes (parent,
+  tokens), which must give the key back.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, so
 processes writing one directory never collide and need no coordination (nor file locks: every
-chunk has one writer, and an index entry's content is fixed by its hash). A block that is
+segment has one writer, and an index entry's content is fixed by its hash). A block that is
 corrupt, truncated or missing reads as a miss (never wrong bytes); `get_prefix` stops at the
-first one. A store is a cache: `cache()` turns a failed write (disk full, I/O error, permission)
-into a block not cached, logged once per cause and counted. With a byte budget, least recently
-used blocks are evicted (index entry first, then the data through the array), never one that
-this process is reading; a block another process evicts under a reader reads as a miss.
+first one, and the bad block's whole segment is dropped (the next put writes its blocks again).
+A store is a cache: `cache()` turns a failed write (disk full, I/O error, permission) into blocks
+not cached, logged once per cause and counted. With a byte budget, eviction frees whole
+segments: least recently used first (reading a block makes its whole segment recent), index
+entries first, then the file; never a segment holding a block this process is reading, and a
+budget exceeded because of such a block is restored when its read ends. A block another process
+evicts under a reader reads as a miss.
+
+Memory-mapped reads (TensorStore's `file_io_mode: memmap`) are safe against files replaced by
+rename or deleted, as this store does; a block file truncated in place by another program while
+it is being read, or a device error under a mapped page, ends the process instead of a miss.
 """
 
 from __future__ import annotations
@@ -46,22 +58,35 @@ from kvstore.reads import BlockRead
 log = logging.getLogger(__name__)
 
 MANIFEST = "dualjax_store.json"
+FORMAT_VERSION = 2
 SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS)
-COUNTER_BITS = 24  # blocks one writer id names before it draws a new id
+COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
+MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
+SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one TensorStore read covers up to this many bytes of a get
-_ENTRY_MAGIC = b"DJIX3"
-_ENTRY_HEAD = struct.Struct("<5sq16s")  # magic, slot, parent hash; then L xxh3-64 (<u8), T token ids (<i4)
+_ENTRY_MAGIC = b"DJIX4"
+_ENTRY_HEAD = struct.Struct("<5sq16sH")  # magic, slot, parent hash, segment members n
 
 
-def _zarr_metadata(layout: BlockLayout) -> dict:
+def segment_slots(layout: BlockLayout) -> int:
+    """S for a new store: the largest power of two up to MAX_SEGMENT_SLOTS whose blocks fit in
+    SEGMENT_BYTES (at least 1). A power of two divides 2**COUNTER_BITS, so no segment spans two
+    writer ids."""
+    s = MAX_SEGMENT_SLOTS
+    while s > 1 and s * layout.block_bytes > SEGMENT_BYTES:
+        s //= 2
+    return s
+
+
+def _zarr_metadata(layout: BlockLayout, slots: int) -> dict:
     raw = {"name": "bytes", "configuration": {"endian": "little"}}
     shard = {"name": "sharding_indexed", "configuration": {
         "chunk_shape": [1, 1, *layout.layer_shape], "codecs": [raw], "index_location": "start",
-        "index_codecs": [raw, {"name": "crc32c"}]}}
+        "index_codecs": [raw]}}
     return {"shape": [1 << SLOT_BITS, *layout.full_shape], "data_type": layout.dtype,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, *layout.full_shape]}},
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [slots, *layout.full_shape]}},
             "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
 
 
@@ -80,10 +105,18 @@ def _new_writer() -> int:
     return int.from_bytes(os.urandom(8), "little") >> (64 - WRITER_BITS)
 
 
-def _sub(spec: dict, path: str) -> dict:
-    spec = dict(spec)
+def _sub(spec: dict, path: str, **resources) -> dict:
+    """`spec` under `path`; file-driver context resources (`file_io_mode`, ...) set when it is one."""
+    spec = dict(spec, **(resources if spec.get("driver") == "file" else {}))
     spec["path"] = spec.get("path", "") + path
     return spec
+
+
+def _is_hash(key: str) -> bool:
+    try:
+        return check_hash(key) == key
+    except ValueError:
+        return False
 
 
 def local_spec(directory: str) -> dict:
@@ -92,14 +125,22 @@ def local_spec(directory: str) -> dict:
 
 
 class _View:
-    """What this process knows of one store's blocks: LRU order and pins. Every BlockStore on the
-    same directory in a process shares one, so one host's eviction respects another host's reads
-    (embedded runs)."""
+    """What this process knows of one store's blocks: LRU order, pins and segment members. Every
+    BlockStore on the same directory in a process shares one, so one host's eviction respects
+    another host's reads (embedded runs)."""
 
     def __init__(self, keys):
         self.lock = threading.Lock()
         self.lru: collections.OrderedDict[str, None] = collections.OrderedDict((k, None) for k in keys)
         self.pins: collections.Counter[str] = collections.Counter()
+        self.segments: dict[str, tuple[int, tuple[str, ...]]] = {}  # block -> (segment, its blocks)
+        self.stores: weakref.WeakSet[BlockStore] = weakref.WeakSet()  # whose budgets a released pin checks
+
+    def touch(self, h: str) -> None:
+        """Make `h`'s whole segment most recently used."""
+        for m in self.segments.get(h, (None, (h,)))[1]:
+            if m in self.lru:
+                self.lru.move_to_end(m)
 
 
 _VIEWS: weakref.WeakValueDictionary[str, _View] = weakref.WeakValueDictionary()
@@ -110,7 +151,9 @@ class BlockStore:
     """put / get / contains over Full Blocks, with an optional byte budget (LRU eviction).
 
     `spec`: a TensorStore kvstore spec (dict or URL such as "memory://"). `sync`: fsync every
-    write (durability across power loss; atomic rename already protects against process crashes).
+    segment file (and the manifest) before its blocks' index entries are written, so a block
+    visible after a power loss is complete; entries are not fsynced (one lost or torn by a power
+    loss reads as a miss), and atomic rename already protects against process crashes.
     `context`: share one ts.Context between stores that must see the same `memory://` store.
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
@@ -122,19 +165,19 @@ class BlockStore:
         try:
             self.kv = ts.KvStore.open(spec, context=self.context).result()
             base = self.kv.spec().to_json()
-            self._open_manifest()
-            self.index_kv = ts.KvStore.open(_sub(base, "index/"), context=self.context).result()
-            array = {"driver": "zarr3", "kvstore": _sub(base, "data/"), "fill_missing_data_reads": False,
-                     "store_data_equal_to_fill_value": True, "metadata": _zarr_metadata(layout)}
-            self.array = ts.open(array, create=True, open=True, context=self.context).result()
-            # Writing the fill value through this handle deletes a block's data (eviction).
-            self._eraser = ts.open({**array, "store_data_equal_to_fill_value": False}, open=True,
-                                   context=self.context).result()
+            self.slots_per_segment = self._open_manifest()
+            self.index_kv = ts.KvStore.open(_sub(base, "index/", file_io_sync=False), context=self.context).result()
+            data = _sub(base, "data/", file_io_mode={"mode": "memmap"})
+            self.data_kv = ts.KvStore.open(data, context=self.context).result()
+            self.array = ts.open({"driver": "zarr3", "kvstore": data, "fill_missing_data_reads": False,
+                                  "metadata": _zarr_metadata(layout, self.slots_per_segment)},
+                                 create=True, open=True, context=self.context).result()
             self._check_writable()
             keys = [k.decode() for k in self.index_kv.list().result()]
         except ValueError as e:
             raise StoreError(f"cannot open store {spec!r}: {e}", cause_of(e)) from None
-        self._view = self._shared_view(base, keys)
+        self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
+        self._view.stores.add(self)
         self._lock = self._view.lock
         self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) verified here
         self._writer, self._counter = _new_writer(), 0
@@ -158,9 +201,10 @@ class BlockStore:
             return view
 
     # -- opening -------------------------------------------------------------------------------
-    def _open_manifest(self) -> None:
-        want = {"format": "dualjax-kvstore", "version": 1, "fingerprint": self.layout.fingerprint(),
-                "layout": self.layout.to_json()}
+    def _open_manifest(self) -> int:
+        """Create or check the manifest; returns the store's slots per segment."""
+        want = {"format": "dualjax-kvstore", "version": FORMAT_VERSION, "fingerprint": self.layout.fingerprint(),
+                "layout": self.layout.to_json(), "segment_slots": segment_slots(self.layout)}
         got = self.kv.read(MANIFEST).result()
         if got.state == "missing":
             stray = self.kv.list().result()
@@ -169,17 +213,25 @@ class BlockStore:
                                  f"{len(stray)} keys, e.g. {stray[0]!r}); point --store at an empty or dualjax "
                                  "directory")
             self.kv.write(MANIFEST, json.dumps(want, indent=1)).result()
-            return
+            return want["segment_slots"]
         try:
             manifest = json.loads(got.value)
-            theirs = manifest["fingerprint"]
-        except (ValueError, KeyError):
+            theirs, version = manifest["fingerprint"], manifest.get("version")
+        except (ValueError, KeyError, AttributeError):
             raise StoreError(f"{MANIFEST} is not a dualjax store manifest") from None
+        if version != FORMAT_VERSION:
+            raise StoreError(f"store format version {version} is not this dualjax's version {FORMAT_VERSION} "
+                             f"(segment files since version 2); use a new store directory or delete the old store",
+                             "version")
         if theirs != want["fingerprint"]:
             raise FingerprintMismatch(
                 f"store fingerprint {theirs} (format {_describe(manifest.get('layout'))}) does not match this run's "
                 f"{want['fingerprint']} (format {self.layout.describe()}); use another store directory, or the "
                 f"store's model, weights and layout")
+        slots = manifest.get("segment_slots")
+        if not isinstance(slots, int) or slots < 1 or slots & (slots - 1) or slots > 1 << COUNTER_BITS:
+            raise StoreError(f"{MANIFEST}: segment_slots {slots!r} is not a power of two up to 2**{COUNTER_BITS}")
+        return slots
 
     def _check_writable(self) -> None:
         """Fail at open, not mid-run, when the store cannot be written at all."""
@@ -195,32 +247,45 @@ class BlockStore:
         self.capacity_bytes = capacity_bytes
 
     # -- writing -------------------------------------------------------------------------------
-    def _next_slot(self) -> int:
+    def _segment_cap(self) -> int:
+        """Blocks one put may write into one segment: S, fewer when the budget is smaller."""
+        if self.capacity_bytes is None:
+            return self.slots_per_segment
+        return max(1, min(self.slots_per_segment, self.capacity_bytes // self.layout.block_bytes))
+
+    def _next_segment(self) -> int:
+        """The first slot of a fresh segment of this writer."""
+        S = self.slots_per_segment
         with self._lock:
-            if self._counter >= 1 << COUNTER_BITS:
+            if self._counter + S > 1 << COUNTER_BITS:
                 self._writer, self._counter = _new_writer(), 0
-            self._counter += 1
-            return (self._writer << COUNTER_BITS) | (self._counter - 1)
+            self._counter += S
+            return (self._writer << COUNTER_BITS) | (self._counter - S)
 
     def put(self, ids: list[BlockId], blocks) -> int:
         """Store Full Blocks `blocks` [n, L, T, *record] named by `ids`; returns how many were new.
 
-        Blocks already present are skipped (putting twice is harmless). Raises ValueError for a
+        Blocks already present are skipped (putting twice is harmless); with a budget smaller
+        than the new blocks, only the leading ones that fit are written. Raises ValueError for a
         misshaped block or an id whose hash does not match its parent and tokens, StoreError
         (with `.cause`, e.g. "ENOSPC") when the write fails; either way every block visible before
         stays readable and correct, and no block of this call becomes visible half-written.
         """
         if len(ids) != len(blocks):
             raise ValueError(f"put: {len(ids)} ids for {len(blocks)} blocks")
-        todo = []
         for bid, block in zip(ids, blocks):
             self.layout.check_block(np.asarray(block), f"block {bid.hash}")
             if hash_block(bid.parent, bid.tokens, self.layout) != check_hash(bid.hash):
                 raise ValueError(f"block id {bid.hash} does not match the hash of its parent and tokens")
         present = self._present([bid.hash for bid in ids])  # the store's word: a bad block gets rewritten
-        todo = [(bid, np.asarray(b), self._next_slot()) for bid, b, p in zip(ids, blocks, present) if not p]
-        if not todo:
+        new = [i for i, p in enumerate(present) if not p]
+        if self.capacity_bytes is not None:
+            new = new[:self.capacity_bytes // self.layout.block_bytes]
+        if not new:
             return 0
+        cap = self._segment_cap()
+        todo = [(ids[i], np.asarray(blocks[i]), base + j) for s in range(0, len(new), cap)
+                for base in [self._next_segment()] for j, i in enumerate(new[s:s + cap])]
         self._evict_for(len(todo) * self.layout.block_bytes)
         try:
             entries = self._write_blocks(todo)
@@ -229,7 +294,9 @@ class BlockStore:
             raise StoreError(f"writing {len(todo)} blocks failed: {e}", cause_of(e)) from None
         with self._lock:
             for bid, _, _ in todo:
-                self._entries[bid.hash] = entries[bid.hash]
+                slot, sums, members = entries[bid.hash]
+                self._entries[bid.hash] = (slot, sums)
+                self._view.segments[bid.hash] = (slot // self.slots_per_segment, members)
                 self._view.lru[bid.hash] = None
         self.counters["blocks_written"] += len(todo)
         self.counters["bytes_written"] += len(todo) * self.layout.block_bytes
@@ -248,23 +315,34 @@ class BlockStore:
                             "further %s failures are counted, not logged: %s", e.cause, e.cause, e)
             return 0
 
-    def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray]]:
-        """Data first, then index entries (a block is visible only once complete). The seam where
-        tests inject write faults."""
-        slots = [slot for _, _, slot in todo]
-        data = np.stack([block for _, block, _ in todo])
-        if slots == list(range(slots[0], slots[0] + len(slots))):  # one writer's consecutive slots: one write
-            self.array[slots[0]:slots[0] + len(slots)].translate_to[0].write(data).result()
-        else:
-            self.array[np.array(slots, np.int64)].write(data).result()
-        entries = {bid.hash: (slot, _layer_sums(block)) for bid, block, slot in todo}
+    def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray, tuple[str, ...]]]:
+        """Data first, one write per segment, checksummed while it lands; then the index entries
+        (a block is visible only once complete). Returns hash -> (slot, layer checksums, segment
+        members). The seam where tests inject write faults."""
+        S, segments = self.slots_per_segment, collections.defaultdict(list)
+        for bid, block, slot in todo:
+            segments[slot // S].append((bid, block, slot))
+        writes = [self._write_segment(seg) for seg in segments.values()]
+        entries = {}
+        for seg in segments.values():
+            members = tuple(bid.hash for bid, _, _ in seg)
+            entries.update({bid.hash: (slot, _layer_sums(block), members) for bid, block, slot in seg})
+        for w in writes:
+            w.result()
         for f in [self.index_kv.write(bid.hash, self._entry(bid, *entries[bid.hash])) for bid, _, _ in todo]:
             f.result()
         return entries
 
-    def _entry(self, bid: BlockId, slot: int, sums: np.ndarray) -> bytes:
-        return _ENTRY_HEAD.pack(_ENTRY_MAGIC, slot, bytes.fromhex(bid.parent)) + sums.tobytes() + \
-            np.asarray(bid.tokens, "<i4").tobytes()
+    def _write_segment(self, seg):
+        """One TensorStore write of a segment's consecutive slots (its file appears whole, by rename)."""
+        first, data = seg[0][2], [block for _, block, _ in seg]
+        data = data[0][None] if len(data) == 1 else np.stack(data)
+        return self.array[first:first + len(seg)].translate_to[0].write(data)
+
+    def _entry(self, bid: BlockId, slot: int, sums: np.ndarray, members: tuple[str, ...]) -> bytes:
+        body = _ENTRY_HEAD.pack(_ENTRY_MAGIC, slot, bytes.fromhex(bid.parent), len(members)) + sums.tobytes() + \
+            np.asarray(bid.tokens, "<i4").tobytes() + b"".join(bytes.fromhex(m) for m in members)
+        return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
 
     # -- index ---------------------------------------------------------------------------------
     def _present(self, hashes: list[str]) -> list[bool]:
@@ -296,12 +374,35 @@ class BlockStore:
             return list(self._view.lru)
 
     def invalidate(self, h: str) -> None:
-        """Forget a block found bad: drop its index entry so the next `put` writes it again."""
+        """Forget a block found bad, with every block of its segment: drop their index entries and
+        the segment's file, so the next `put` writes them again."""
         with self._lock:
-            self._view.lru.pop(h, None)
-            self._entries.pop(h, None)
-        self.index_kv.write(h, None).result()
-        self.counters["invalidated"] += 1
+            segment, members = self._view.segments.get(h, (None, (h,)))
+            self._forget(members)
+        self._drop(members, segment)
+        self.counters["invalidated"] += len(members)
+
+    def _forget(self, members) -> None:
+        """Drop blocks from this process's view (the caller holds the lock)."""
+        for m in members:
+            self._view.lru.pop(m, None)
+            self._view.segments.pop(m, None)
+            self._entries.pop(m, None)
+
+    def segment_key(self, segment: int) -> str:
+        """The data/ key of a segment's file."""
+        return ".".join([str(segment)] + ["0"] * len(self.layout.full_shape))
+
+    def _drop(self, members, segment: int | None) -> None:
+        """Delete index entries (invisible first), then the segment's file. A block not freed is
+        still a correct block: failures are logged, not raised."""
+        try:
+            for f in [self.index_kv.write(m, None) for m in members]:
+                f.result()
+            if segment is not None:
+                self.data_kv.write(self.segment_key(segment), None).result()
+        except ValueError as e:
+            log.warning("dropping blocks %s failed: %s", ", ".join(members), e)
 
     def _parse_entry(self, h: str, got) -> tuple[int, np.ndarray] | None:
         """(slot, layer checksums) of a verified index entry, or None: missing, or malformed (then
@@ -309,17 +410,26 @@ class BlockStore:
         if got.state != "value":
             return None
         raw, L, T, head = got.value, self.layout.n_layers, self.layout.block_tokens, _ENTRY_HEAD.size
-        ok = len(raw) == head + 8 * L + 4 * T and raw.startswith(_ENTRY_MAGIC)
-        _, slot, parent = _ENTRY_HEAD.unpack_from(raw) if ok else (None, -1, b"")
+        n = _ENTRY_HEAD.unpack_from(raw)[3] if len(raw) >= head else 0
+        ok = len(raw) == head + 8 * L + 4 * T + 16 * n + 8 and raw.startswith(_ENTRY_MAGIC) and n > 0 and \
+            struct.unpack_from("<Q", raw, len(raw) - 8)[0] == xxhash.xxh3_64_intdigest(raw[:-8])
+        _, slot, parent, _ = _ENTRY_HEAD.unpack_from(raw) if ok else (None, -1, b"", 0)
+        tokens = head + 8 * L
         if not (ok and 0 <= slot < 1 << SLOT_BITS
-                and hash_block(parent.hex(), np.frombuffer(raw[head + 8 * L:], "<i4"), self.layout) == h):
+                and hash_block(parent.hex(), np.frombuffer(raw[tokens:tokens + 4 * T], "<i4"), self.layout) == h):
             log.warning("index entry of block %s is malformed; dropped, the block is a miss", h)
             self.counters["bad_blocks"] += 1
-            self.invalidate(h)
+            with self._lock:
+                self._forget([h])
+            self._drop([h], None)
+            self.counters["invalidated"] += 1
             return None
-        entry = (slot, np.frombuffer(raw[head:head + 8 * L], "<u8"))
+        members = raw[tokens + 4 * T:len(raw) - 8]
+        entry = (slot, np.frombuffer(raw[head:tokens], "<u8"))
         with self._lock:
             self._entries[h] = entry
+            self._view.segments[h] = (slot // self.slots_per_segment,
+                                      tuple(members[i:i + 16].hex() for i in range(0, len(members), 16)))
         return entry
 
     def _slots(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
@@ -331,7 +441,8 @@ class BlockStore:
     # -- reading -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def pinned(self, hashes: list[str]):
-        """Keep `hashes` from eviction inside the `with` block (reads in flight are pinned too)."""
+        """Keep `hashes` (and their segments) from eviction inside the `with` block (reads in
+        flight are pinned too)."""
         self._pin(hashes, touch=False)
         try:
             yield
@@ -344,13 +455,20 @@ class BlockStore:
             for h in hashes:
                 self._view.pins[h] += 1
                 if touch and h in self._view.lru:
-                    self._view.lru.move_to_end(h)
+                    self._view.touch(h)
 
     def _unpin(self, h: str) -> None:
+        """Release one pin. Releasing the last one evicts down to the budget of every store on this
+        directory in the process (a write's eviction had to spare this block's segment while it
+        was read, so the store may be over budget until now)."""
         with self._lock:
             self._view.pins[h] -= 1
-            if self._view.pins[h] <= 0:
-                del self._view.pins[h]
+            if self._view.pins[h] > 0:
+                return
+            del self._view.pins[h]
+            stores = [s for s in self._view.stores if s.capacity_bytes is not None]
+        for store in stores:
+            store._evict_for(0)
 
     def get(self, hashes: list[str], out: np.ndarray | None = None, layers: range | None = None) -> list[BlockRead]:
         """Start reading blocks into `out` [n, L, T, *record] (allocated when None); TensorStore
@@ -386,40 +504,53 @@ class BlockStore:
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
         out = []
-        for read in self.get(hashes):
+        reads = self.get(hashes)
+        for read in reads:
             block = read.result()
             if block is None:
                 break
             out.append(block)
+        for read in reads[len(out) + 1:]:
+            read.release()
         return out
 
     # -- capacity ------------------------------------------------------------------------------
+    def _victim(self, incoming: int):
+        """While over budget (the caller holds the lock): the least recently used segment with no
+        pinned block, as (segment, its blocks), forgotten here; or a block whose segment is not
+        known yet (its entry must be read first); or None."""
+        if (len(self._view.lru) * self.layout.block_bytes) + incoming <= self.capacity_bytes:
+            return None
+        seen: set[str] = set()
+        for h in self._view.lru:
+            if h in seen:
+                continue
+            if h not in self._view.segments:
+                return h
+            segment, members = self._view.segments[h]
+            seen.update(members)
+            if not any(self._view.pins[m] for m in members):
+                self._forget(members)
+                return segment, members
+        return None
+
     def _evict_for(self, incoming: int) -> None:
-        """Evict least recently used, unpinned blocks until `incoming` bytes fit the budget."""
+        """Evict least recently used segments with no pinned block until `incoming` bytes fit."""
         if self.capacity_bytes is None:
             return
-        victims = []
-        with self._lock:
-            used = len(self._view.lru) * self.layout.block_bytes
-            for h in list(self._view.lru):
-                if used + incoming <= self.capacity_bytes:
-                    break
-                if self._view.pins[h]:
-                    continue
-                del self._view.lru[h]
-                victims.append((h, self._entries.pop(h, None)))
-                used -= self.layout.block_bytes
-        for h, entry in victims:
-            entry = entry if entry is not None else self._slots([h])[0]
-            with self._lock:  # _slots re-caches what it reads
-                self._entries.pop(h, None)
-            try:
-                self.index_kv.write(h, None).result()  # invisible first, then free the data
-                if entry is not None:
-                    self._eraser[entry[0]].write(0).result()
-            except ValueError as e:  # a block not freed is still a correct block; count, go on
-                log.warning("evicting block %s failed: %s", h, e)
-        self.counters["evicted"] += len(victims)
+        while True:
+            with self._lock:
+                victim = self._victim(incoming)
+            if victim is None:
+                return
+            if isinstance(victim, str):  # listed at open: learn its segment from its entry
+                self._slots([victim])
+                with self._lock:
+                    if victim not in self._view.segments:  # gone or malformed
+                        self._forget([victim])
+                continue
+            self._drop(victim[1], victim[0])
+            self.counters["evicted"] += len(victim[1])
 
     def stats(self) -> dict:
         with self._lock:
@@ -438,4 +569,4 @@ class BlockStore:
 
 
 __all__ = ["BlockStore", "BlockRead", "StoreError", "FingerprintMismatch", "local_spec", "MANIFEST", "COUNTERS",
-           "SLOT_BITS"]
+           "SLOT_BITS", "FORMAT_VERSION"]

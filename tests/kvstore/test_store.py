@@ -1,6 +1,5 @@
 """Block store invariants: stable names, bit-exact round trips, miss semantics, capacity, faults."""
 
-import glob
 import os
 import subprocess
 import sys
@@ -113,43 +112,51 @@ def test_bad_blocks_and_ids_are_rejected(store):
         store.get(["../../etc/passwd"])
 
 
-def _chunk_file(tmp_path, store, h):
+def _block_in_file(tmp_path, store, h):
+    """(segment file, offset of block `h` in it): the shard index (S·L (offset, length) pairs of
+    <u8) comes first, then the segment's blocks in slot order."""
     slot = store._slots([h])[0][0]
-    return glob.glob(str(tmp_path / "store" / "data" / f"{slot}.*"))[0]
+    S = store.slots_per_segment
+    path = tmp_path / "store" / "data" / store.segment_key(slot // S)
+    return str(path), S * LAYOUT.n_layers * 16 + slot % S * LAYOUT.block_bytes
 
 
 @pytest.mark.parametrize("fault", ["flip", "truncate", "delete", "delete-entry", "bad-entry"])
 def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, store, fault):
     ids, blocks = _chain(5), _blocks(5)
-    store.put(ids, blocks)
-    victim = ids[2].hash
-    path = _chunk_file(tmp_path, store, victim)
+    store.put(ids[:2], blocks[:2])
+    store.put(ids[2:], blocks[2:])  # one segment of three blocks
+    victim = ids[3].hash
+    path, offset = _block_in_file(tmp_path, store, victim)
     entry = str(tmp_path / "store" / "index" / victim)
     if fault == "flip":
         raw = bytearray(open(path, "rb").read())
-        raw[len(raw) // 2] ^= 0x10
+        raw[offset + LAYOUT.block_bytes // 2] ^= 0x10
         open(path, "wb").write(bytes(raw))
     elif fault == "truncate":
-        os.truncate(path, os.path.getsize(path) // 2)
+        os.truncate(path, offset + LAYOUT.block_bytes // 2)
     elif fault == "delete":
         os.remove(path)
     elif fault == "delete-entry":
         os.remove(entry)
     else:
-        open(entry, "wb").write(b"DJIX2" + b"\0" * 20)
+        open(entry, "wb").write(b"DJIX4" + b"\0" * 20)
     fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)  # no cached entries
     got = fresh.get_prefix([b.hash for b in ids])
-    assert len(got) == 2
-    np.testing.assert_array_equal(np.stack(got), blocks[:2])
+    assert len(got) == (2 if fault == "delete" else 3)  # a deleted segment file takes all its blocks
+    np.testing.assert_array_equal(np.stack(got), blocks[:len(got)])
+    assert not fresh.contains(victim) and fresh.contains(ids[1].hash)
+    if fault in ("flip", "truncate"):  # a bad block drops its whole segment, file included
+        assert not any(fresh.contains(b.hash) for b in ids[2:]) and not os.path.exists(path)
     fresh.close()
 
 
 def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
     ids, blocks = _chain(4), _blocks(4)
     store.put(ids[:2], blocks[:2])
-    # Make the next chunk's file name a directory, so the real file write fails (EISDIR).
+    # Make the next segment's file name a directory, so the real file write fails (EISDIR).
     slot = (store._writer << kv.store.COUNTER_BITS) | store._counter
-    os.makedirs(tmp_path / "store" / "data" / (f"{slot}" + ".0" * 5))
+    os.makedirs(tmp_path / "store" / "data" / store.segment_key(slot // store.slots_per_segment))
     with pytest.raises(kv.StoreError, match="writing 2 blocks failed") as e:
         store.put(ids[2:], blocks[2:])
     assert e.value.cause == "EISDIR" and store.stats()["write_failures"] == 1
@@ -162,7 +169,8 @@ def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
 def test_lru_eviction_respects_budget_and_pins():
     ids, blocks = _chain(6), _blocks(6)
     with kv.BlockStore("memory://", LAYOUT, capacity_bytes=3 * LAYOUT.block_bytes) as s:
-        s.put(ids[:3], blocks[:3])
+        for i in range(3):  # one block per put: one segment each
+            s.put(ids[i:i + 1], blocks[i:i + 1])
         s.get_prefix([ids[0].hash])  # ids[0] is now most recently used
         s.put(ids[3:4], blocks[3:4])
         assert [s.contains(b.hash) for b in ids[:4]] == [True, False, True, True]
@@ -172,6 +180,27 @@ def test_lru_eviction_respects_budget_and_pins():
         assert s.stats()["bytes"] <= 3 * LAYOUT.block_bytes
     with pytest.raises(kv.StoreError, match="smaller than one block"):
         kv.BlockStore("memory://", LAYOUT, capacity_bytes=100)
+
+
+def test_eviction_frees_whole_segments_and_reading_one_block_keeps_its_segment():
+    ids, blocks = _chain(6), _blocks(6)
+    with kv.BlockStore("memory://", LAYOUT, capacity_bytes=4 * LAYOUT.block_bytes) as s:
+        s.put(ids[0:2], blocks[0:2])  # segment A
+        s.put(ids[2:4], blocks[2:4])  # segment B
+        s.get_prefix([ids[0].hash])  # A is most recently used, ids[1] with it
+        s.put(ids[4:5], blocks[4:5])  # one block over: all of B goes
+        assert [s.contains(b.hash) for b in ids[:5]] == [True, True, False, False, True]
+        assert s.stats()["bytes"] == 3 * LAYOUT.block_bytes and s.stats()["evicted"] == 2
+        assert s.put(ids, blocks) == 3  # B's blocks and ids[5] return, in segments that fit the budget
+        assert s.stats()["bytes"] <= 4 * LAYOUT.block_bytes
+        np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids[2:]])), blocks[2:])
+
+
+def test_a_put_larger_than_the_budget_stores_its_leading_blocks():
+    ids, blocks = _chain(5), _blocks(5)
+    with kv.BlockStore("memory://", LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes) as s:
+        assert s.put(ids, blocks) == 2 and s.match_prefix([b.hash for b in ids]) == 2
+        assert s.stats()["bytes"] == 2 * LAYOUT.block_bytes
 
 
 def test_two_processes_write_one_directory_at_once(tmp_path):
@@ -216,14 +245,25 @@ def test_concurrent_readers_and_writer_in_one_process(store):
     assert not errors
 
 
-def test_a_bad_block_is_dropped_and_rewritten_by_the_next_put(tmp_path, store):
-    ids, blocks = _chain(3), _blocks(3)
-    store.put(ids, blocks)
-    path = _chunk_file(tmp_path, store, ids[1].hash)
+def test_a_bad_block_is_dropped_with_its_segment_and_rewritten_by_the_next_put(tmp_path, store):
+    ids, blocks = _chain(4), _blocks(4)
+    store.put(ids[:1], blocks[:1])
+    store.put(ids[1:], blocks[1:])
+    path, offset = _block_in_file(tmp_path, store, ids[2].hash)
     raw = bytearray(open(path, "rb").read())
-    raw[-10] ^= 0xFF
+    raw[offset + 10] ^= 0xFF
     open(path, "wb").write(bytes(raw))
-    assert len(store.get_prefix([b.hash for b in ids])) == 1
-    assert not store.contains(ids[1].hash)
-    assert store.put(ids, blocks) == 1  # only the bad one is written again
+    assert len(store.get_prefix([b.hash for b in ids])) == 2
+    assert store.stats()["bad_blocks"] == 1 and store.stats()["invalidated"] == 3
+    assert [store.contains(b.hash) for b in ids] == [True, False, False, False]
+    assert store.put(ids, blocks) == 3  # only the dropped segment's blocks are written again
     np.testing.assert_array_equal(np.stack(store.get_prefix([b.hash for b in ids])), blocks)
+
+
+def test_a_store_of_another_format_version_is_refused(tmp_path):
+    spec = kv.local_spec(tmp_path / "s")
+    kv.BlockStore(spec, LAYOUT).close()
+    manifest = tmp_path / "s" / kv.MANIFEST
+    manifest.write_text(manifest.read_text().replace(f'"version": {kv.FORMAT_VERSION}', '"version": 1'))
+    with pytest.raises(kv.StoreError, match="store format version 1 is not this dualjax's version 2"):
+        kv.BlockStore(spec, LAYOUT)

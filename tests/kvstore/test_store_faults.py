@@ -24,12 +24,16 @@ def _data(n, offset=0):
     return ids, blocks
 
 
-def test_slots_derive_from_one_constant(tmp_path):
+def test_slots_derive_from_one_constant_and_segments_align(tmp_path):
     with kv.BlockStore(kv.local_spec(tmp_path / "s"), LAYOUT) as s:
         assert s.array.shape[0] == 1 << kv.SLOT_BITS
-        slots = [s._next_slot() for _ in range(3)]
-        assert all(0 <= x < 1 << kv.SLOT_BITS for x in slots) and slots[1] == slots[0] + 1
+        S = s.slots_per_segment
+        assert S == kv.store.segment_slots(LAYOUT) == kv.store.MAX_SEGMENT_SLOTS  # 32 KiB blocks: 64 per segment
+        firsts = [s._next_segment() for _ in range(3)]
+        assert all(0 <= x < 1 << kv.SLOT_BITS and x % S == 0 for x in firsts) and firsts[1] == firsts[0] + S
         assert s._writer < 1 << kv.store.WRITER_BITS
+    big = kv.BlockLayout(n_layers=64, record_shape=(2, 8, 128), dtype="bfloat16")  # 16 MiB blocks
+    assert kv.store.segment_slots(big) == 4
 
 
 def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch, caplog):
@@ -54,7 +58,7 @@ def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch,
             s.cache(ids[:1], blocks[:1, :1])
 
 
-def test_eviction_frees_data_through_the_array_and_keeps_reads_exact(tmp_path):
+def test_eviction_deletes_segment_files_and_keeps_reads_exact(tmp_path):
     spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(12)
     with kv.BlockStore(spec, LAYOUT, capacity_bytes=3 * LAYOUT.block_bytes) as s:
         for i in range(12):
@@ -73,11 +77,26 @@ def test_a_block_being_read_by_another_store_on_the_directory_is_not_evicted(tmp
     spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(4)
     reader = kv.BlockStore(spec, LAYOUT)
     writer = kv.BlockStore(spec, LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes)
-    writer.put(ids[:2], blocks[:2])
+    writer.put(ids[:1], blocks[:1])  # two puts: two segments
+    writer.put(ids[1:2], blocks[1:2])
     inflight = reader.get([ids[0].hash])  # pinned until result()
-    writer.put(ids[2:3], blocks[2:3])  # over budget: the oldest unpinned block goes, not ids[0]
+    writer.put(ids[2:3], blocks[2:3])  # over budget: the oldest unpinned segment goes, not ids[0]'s
     assert writer.contains(ids[0].hash) and not writer.contains(ids[1].hash)
     np.testing.assert_array_equal(inflight[0].result(), blocks[0])
+
+
+def test_a_segment_pinned_during_the_last_write_is_evicted_when_its_read_ends(tmp_path):
+    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(3)
+    reader = kv.BlockStore(spec, LAYOUT)
+    writer = kv.BlockStore(spec, LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes)
+    writer.put(ids[:2], blocks[:2])  # one segment
+    inflight = reader.get([ids[1].hash])
+    writer.put(ids[2:3], blocks[2:3])  # the only older segment is being read: kept, over budget for now
+    assert writer.stats()["bytes"] == 3 * LAYOUT.block_bytes and writer.stats()["evicted"] == 0
+    np.testing.assert_array_equal(inflight[0].result(), blocks[1])  # the read ends: its segment goes
+    assert [writer.contains(b.hash) for b in ids] == [False, False, True]
+    assert writer.stats()["bytes"] == LAYOUT.block_bytes and writer.stats()["evicted"] == 2  # whole segments go
+    assert len([f for f in os.listdir(tmp_path / "s" / "data") if f != "zarr.json"]) == 1
 
 
 def test_a_store_that_cannot_be_written_fails_at_open(tmp_path):
