@@ -62,13 +62,15 @@ class BlockRead:
             return None
         slot, sums = self.entry
         try:
-            self.fut.result()
-        except ValueError:  # some block of the batch failed: read this one alone to see whether it did
-            sel = slice(self.layers.start, self.layers.stop)
+            failed = self.fut.result() or {}  # local reads: {slot: why}
+        except ValueError:  # a TensorStore read of the batch failed: read this one alone to see whether it did
+            sel, failed = slice(self.layers.start, self.layers.stop), {}
             try:
                 ts.array(self.row, copy=False)[sel].write(self.store.array[slot, sel]).result()
             except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
                 return self._bad(str(e).splitlines()[0][:200])
+        if slot in failed:
+            return self._bad(failed[slot])
         for layer in self.layers:
             if xxhash.xxh3_64_intdigest(self.row[layer]) != sums[layer]:
                 return self._bad(f"checksum mismatch in layer {layer}")

@@ -29,15 +29,12 @@ segments: least recently used first (reading a block makes its whole segment rec
 entries first, then the file; never a segment holding a block this process is reading, and a
 budget exceeded because of such a block is restored when its read ends. A block another process
 evicts under a reader reads as a miss.
-
-Memory-mapped reads (TensorStore's `file_io_mode: memmap`) are safe against files replaced by
-rename or deleted, as this store does; a block file truncated in place by another program while
-it is being read, or a device error under a mapped page, ends the process instead of a miss.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -65,9 +62,11 @@ WRITER_BITS = SLOT_BITS - COUNTER_BITS
 MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
 SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
-_READ_GROUP_BYTES = 8 << 20  # one TensorStore read covers up to this many bytes of a get
-_ENTRY_MAGIC = b"DJIX4"
-_ENTRY_HEAD = struct.Struct("<5sq16sH")  # magic, slot, parent hash, segment members n
+_READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
+_READERS = 2  # threads reading segment files of a local store into callers' buffers
+_ENTRY_MAGIC = b"DJIX5"
+_ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
+_RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
 
 
 def segment_slots(layout: BlockLayout) -> int:
@@ -90,6 +89,86 @@ def _zarr_metadata(layout: BlockLayout, slots: int) -> dict:
             "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
 
 
+def _shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> np.ndarray:
+    """The zarr3 shard index [slots, L, 2] of a segment file holding n blocks from position
+    `first`: (offset, length) per Layer Block, both all-ones for absent ones; the blocks follow
+    the index in slot, layer order."""
+    index = np.full((slots, layout.n_layers, 2), np.iinfo(np.uint64).max, "<u8")
+    offsets = index.nbytes + np.arange(n * layout.n_layers, dtype="<u8") * layout.layer_bytes
+    index[first:first + n, :, 0] = offsets.reshape(n, layout.n_layers)
+    index[first:first + n, :, 1] = layout.layer_bytes
+    return index
+
+
+def _bytes_of(a) -> memoryview:
+    """The bytes of a C-contiguous array (any dtype, bfloat16 included) or bytes, not copied."""
+    return memoryview(a if isinstance(a, bytes) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+class _Staged:
+    """A local file's new value, written to a temp file beside it (unique to this process and
+    thread, fsynced when `sync`); `publish()` renames it into place (atomic), `discard()` removes
+    it."""
+
+    def __init__(self, path: str, parts: list, sync: bool):
+        self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+        views = [_bytes_of(p) for p in parts]
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                while views:
+                    done = os.writev(fd, views[:1024])
+                    while views and done >= len(views[0]):
+                        done -= len(views.pop(0))
+                    if views and done:
+                        views[0] = views[0][done:]
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            self.discard()
+            raise
+
+    def publish(self) -> None:
+        try:
+            os.replace(self.tmp, self.path)
+        except OSError:
+            self.discard()
+            raise
+
+    def publish_as(self, paths: list[str]) -> None:
+        """Hard-link the file at each of `paths` (each link appears atomically; one already there
+        is another writer's equal entry and stays), then drop the temp name."""
+        try:
+            for path in paths:
+                with contextlib.suppress(FileExistsError):
+                    os.link(self.tmp, path)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
+class _Pending:
+    """A value for a TensorStore kvstore (not a local directory): one write at `publish()`."""
+
+    def __init__(self, kv: ts.KvStore, key: str, parts: list):
+        self.kv, self.key, self.value = kv, key, b"".join(_bytes_of(p) for p in parts)
+
+    def publish(self) -> None:
+        self.kv.write(self.key, self.value).result()
+
+    def publish_as(self, keys: list[str]) -> None:
+        for f in [self.kv.write(key, self.value) for key in keys]:
+            f.result()
+
+    def discard(self) -> None:
+        self.value = b""
+
+
 def _describe(layout_json) -> str:
     try:
         return BlockLayout.from_json(layout_json).describe()
@@ -106,7 +185,7 @@ def _new_writer() -> int:
 
 
 def _sub(spec: dict, path: str, **resources) -> dict:
-    """`spec` under `path`; file-driver context resources (`file_io_mode`, ...) set when it is one."""
+    """`spec` under `path`; file-driver context resources (`file_io_sync`, ...) set when it is one."""
     spec = dict(spec, **(resources if spec.get("driver") == "file" else {}))
     spec["path"] = spec.get("path", "") + path
     return spec
@@ -160,14 +239,14 @@ class BlockStore:
 
     def __init__(self, spec, layout: BlockLayout, capacity_bytes: int | None = None, sync: bool = False,
                  context: ts.Context | None = None):
-        self.layout = layout
+        self.layout, self.sync = layout, sync
         self.context = context or ts.Context({"file_io_sync": sync, "file_io_locking": {"mode": "none"}})
         try:
             self.kv = ts.KvStore.open(spec, context=self.context).result()
             base = self.kv.spec().to_json()
             self.slots_per_segment = self._open_manifest()
             self.index_kv = ts.KvStore.open(_sub(base, "index/", file_io_sync=False), context=self.context).result()
-            data = _sub(base, "data/", file_io_mode={"mode": "memmap"})
+            data = _sub(base, "data/")
             self.data_kv = ts.KvStore.open(data, context=self.context).result()
             self.array = ts.open({"driver": "zarr3", "kvstore": data, "fill_missing_data_reads": False,
                                   "metadata": _zarr_metadata(layout, self.slots_per_segment)},
@@ -176,6 +255,9 @@ class BlockStore:
             keys = [k.decode() for k in self.index_kv.list().result()]
         except ValueError as e:
             raise StoreError(f"cannot open store {spec!r}: {e}", cause_of(e)) from None
+        self._root = base["path"] if base.get("driver") == "file" else None  # a local directory: plain file writes
+        self._writer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-write")
+        self._reader_pool = concurrent.futures.ThreadPoolExecutor(_READERS, thread_name_prefix="kvstore-read")
         self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
         self._view.stores.add(self)
         self._lock = self._view.lock
@@ -316,39 +398,70 @@ class BlockStore:
             return 0
 
     def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray, tuple[str, ...]]]:
-        """Data first, one write per segment, checksummed while it lands; then the index entries
-        (a block is visible only once complete). Returns hash -> (slot, layer checksums, segment
+        """Segment files first, written by the writer thread while this one checksums the blocks
+        and stages each segment's entry file; the index entries appear (as links to it) only once
+        every segment file is in place, so a block is visible only once complete. On failure
+        nothing of this call is visible. Returns hash -> (slot, layer checksums, segment
         members). The seam where tests inject write faults."""
         S, segments = self.slots_per_segment, collections.defaultdict(list)
         for bid, block, slot in todo:
             segments[slot // S].append((bid, block, slot))
-        writes = [self._write_segment(seg) for seg in segments.values()]
-        entries = {}
-        for seg in segments.values():
-            members = tuple(bid.hash for bid, _, _ in seg)
-            entries.update({bid.hash: (slot, _layer_sums(block), members) for bid, block, slot in seg})
-        for w in writes:
-            w.result()
-        for f in [self.index_kv.write(bid.hash, self._entry(bid, *entries[bid.hash])) for bid, _, _ in todo]:
-            f.result()
+        writes = {seg: self._writer_pool.submit(self._write_segment, blocks) for seg, blocks in segments.items()}
+        entries, staged = {}, []
+        try:
+            for seg, blocks in segments.items():
+                members = tuple(bid.hash for bid, _, _ in blocks)
+                entries.update({bid.hash: (slot, _layer_sums(block), members) for bid, block, slot in blocks})
+                body = self._entry_file([(bid, *entries[bid.hash][:2]) for bid, _, _ in blocks])
+                staged.append((members, self._stage(self.index_kv, "index", f"{self.segment_key(seg)}.entries",
+                                                    [body])))
+            for w in writes.values():
+                w.result()
+        except BaseException:
+            concurrent.futures.wait(writes.values())
+            for _, item in staged:
+                item.discard()
+            for seg in writes:
+                self._drop([], seg)
+            raise
+        for members, item in staged:
+            item.publish_as([m if self._root is None else os.path.join(self._root, "index", m) for m in members])
         return entries
 
-    def _write_segment(self, seg):
-        """One TensorStore write of a segment's consecutive slots (its file appears whole, by rename)."""
-        first, data = seg[0][2], [block for _, block, _ in seg]
-        data = data[0][None] if len(data) == 1 else np.stack(data)
-        return self.array[first:first + len(seg)].translate_to[0].write(data)
+    def _write_segment(self, seg) -> None:
+        """A segment's file: its zarr3 shard index, then its blocks (Layer Blocks in slot, layer
+        order), written whole from the callers' arrays (no copy on a local disk)."""
+        first, S = seg[0][2], self.slots_per_segment
+        index = _shard_index(self.layout, S, first % S, len(seg))
+        self._stage(self.data_kv, "data", self.segment_key(first // S), [index] + [b for _, b, _ in seg],
+                    self.sync).publish()
 
-    def _entry(self, bid: BlockId, slot: int, sums: np.ndarray, members: tuple[str, ...]) -> bytes:
-        body = _ENTRY_HEAD.pack(_ENTRY_MAGIC, slot, bytes.fromhex(bid.parent), len(members)) + sums.tobytes() + \
-            np.asarray(bid.tokens, "<i4").tobytes() + b"".join(bytes.fromhex(m) for m in members)
+    def _stage(self, kv: ts.KvStore, sub: str, key: str, parts: list, sync: bool = False):
+        """`key`'s new value, to `publish()` (visible whole or not at all) or `discard()`: on a
+        local directory a temp file written now with one writev, renamed at publish; elsewhere
+        one TensorStore write at publish."""
+        if self._root is None:
+            return _Pending(kv, key, parts)
+        return _Staged(os.path.join(self._root, sub, key), parts, sync)
+
+    def _entry_file(self, records: list[tuple[BlockId, int, np.ndarray]]) -> bytes:
+        """A segment's index entries, one file (each block's `index/<hash>` names it): magic, n,
+        the n block hashes, n records (slot, parent hash, layer checksums, token ids), and an
+        XXH3-64 of all of it."""
+        body = b"".join([_ENTRY_HEAD.pack(_ENTRY_MAGIC, len(records)), *(bytes.fromhex(b.hash) for b, _, _ in records),
+                         *(_RECORD_HEAD.pack(slot, bytes.fromhex(b.parent)) + sums.tobytes() +
+                           np.asarray(b.tokens, "<i4").tobytes() for b, slot, sums in records)])
         return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
 
     # -- index ---------------------------------------------------------------------------------
     def _present(self, hashes: list[str]) -> list[bool]:
-        """Whether each block has an index entry now (one concurrent index read per block)."""
-        futs = [self.index_kv.read(check_hash(h)) for h in hashes]
-        out = [f.result().state == "value" for f in futs]
+        """Whether each block has an index entry now (a stat per block on a local directory, else
+        one concurrent index read per block)."""
+        if self._root is None:
+            futs = [self.index_kv.read(check_hash(h)) for h in hashes]
+            out = [f.result().state == "value" for f in futs]
+        else:
+            out = [os.path.isfile(os.path.join(self._root, "index", check_hash(h))) for h in hashes]
         with self._lock:
             for h, there in zip(hashes, out):
                 if there:
@@ -405,17 +518,21 @@ class BlockStore:
             log.warning("dropping blocks %s failed: %s", ", ".join(members), e)
 
     def _parse_entry(self, h: str, got) -> tuple[int, np.ndarray] | None:
-        """(slot, layer checksums) of a verified index entry, or None: missing, or malformed (then
-        dropped from the index and counted as a bad block, so the next put writes it again)."""
+        """(slot, layer checksums) of block `h` from its verified entry file, or None: missing, or
+        malformed (then dropped from the index and counted as a bad block, so the next put writes
+        it again)."""
         if got.state != "value":
             return None
         raw, L, T, head = got.value, self.layout.n_layers, self.layout.block_tokens, _ENTRY_HEAD.size
-        n = _ENTRY_HEAD.unpack_from(raw)[3] if len(raw) >= head else 0
-        ok = len(raw) == head + 8 * L + 4 * T + 16 * n + 8 and raw.startswith(_ENTRY_MAGIC) and n > 0 and \
+        n = _ENTRY_HEAD.unpack_from(raw)[1] if len(raw) >= head else 0
+        size = _RECORD_HEAD.size + 8 * L + 4 * T
+        ok = raw.startswith(_ENTRY_MAGIC) and n > 0 and len(raw) == head + n * (16 + size) + 8 and \
             struct.unpack_from("<Q", raw, len(raw) - 8)[0] == xxhash.xxh3_64_intdigest(raw[:-8])
-        _, slot, parent, _ = _ENTRY_HEAD.unpack_from(raw) if ok else (None, -1, b"", 0)
-        tokens = head + 8 * L
-        if not (ok and 0 <= slot < 1 << SLOT_BITS
+        members = tuple(raw[head + 16 * i:head + 16 * (i + 1)].hex() for i in range(n if ok else 0))
+        at = head + 16 * n + size * members.index(h) if h in members else 0
+        slot, parent = _RECORD_HEAD.unpack_from(raw, at) if at else (-1, b"")
+        tokens = at + _RECORD_HEAD.size + 8 * L
+        if not (at and 0 <= slot < 1 << SLOT_BITS
                 and hash_block(parent.hex(), np.frombuffer(raw[tokens:tokens + 4 * T], "<i4"), self.layout) == h):
             log.warning("index entry of block %s is malformed; dropped, the block is a miss", h)
             self.counters["bad_blocks"] += 1
@@ -424,12 +541,10 @@ class BlockStore:
             self._drop([h], None)
             self.counters["invalidated"] += 1
             return None
-        members = raw[tokens + 4 * T:len(raw) - 8]
-        entry = (slot, np.frombuffer(raw[head:tokens], "<u8"))
+        entry = (slot, np.frombuffer(raw[at + _RECORD_HEAD.size:tokens], "<u8"))
         with self._lock:
             self._entries[h] = entry
-            self._view.segments[h] = (slot // self.slots_per_segment,
-                                      tuple(members[i:i + 16].hex() for i in range(0, len(members), 16)))
+            self._view.segments[h] = (slot // self.slots_per_segment, members)
         return entry
 
     def _slots(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
@@ -496,10 +611,53 @@ class BlockStore:
         return [BlockRead(self, h, out[i], futs[i], layers, e) for i, (h, e) in enumerate(zip(hashes, entries))]
 
     def _read_rows(self, out: np.ndarray, rows: list[int], slots: list[int], sel: slice):
-        """One TensorStore read of blocks `slots` (layers `sel`) into rows `rows` of `out`."""
-        dst = ts.array(out, copy=False)
-        dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
-        return dst.write(self.array[np.array(slots, np.int64), sel])
+        """Start reading blocks `slots` (layers `sel`) into rows `rows` of `out`: on a local
+        directory a reader thread preads them straight into `out`, one call per run of
+        consecutive slots of a segment (its future gives {slot: why} for blocks it could not
+        read); elsewhere one TensorStore read (its future raises when any block failed)."""
+        if self._root is None or not out.flags.c_contiguous:
+            dst = ts.array(out, copy=False)
+            dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
+            return dst.write(self.array[np.array(slots, np.int64), sel])
+        return self._reader_pool.submit(self._pread_rows, out, rows, slots, sel)
+
+    def _pread_rows(self, out: np.ndarray, rows: list[int], slots: list[int], sel: slice) -> dict[int, str]:
+        """Read blocks from their segment files at the offsets this store writes them at (after
+        the shard index, in slot, layer order); returns {slot: why} for those it could not read
+        (missing file, short file, I/O error). Their checksums are checked by the caller."""
+        S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
+        failed: dict[int, str] = {}
+        by_segment = collections.defaultdict(list)
+        for slot, row in sorted(zip(slots, rows)):
+            by_segment[slot // S].append((slot, row))
+        whole = sel.stop - sel.start == L
+        for segment, items in by_segment.items():
+            path = os.path.join(self._root, "data", self.segment_key(segment))
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                failed.update((slot, f"{path}: {e.strerror}") for slot, _ in items)
+                continue
+            try:
+                runs = [[items[0]]]
+                for item in items[1:]:
+                    if whole and item[0] == runs[-1][-1][0] + 1:
+                        runs[-1].append(item)
+                    else:
+                        runs.append([item])
+                for run in runs:
+                    views = [out[row, sel].reshape(-1).view(np.uint8) for _, row in run]
+                    offset = S * L * 16 + (run[0][0] % S * L + sel.start) * lb
+                    try:
+                        got = os.preadv(fd, views, offset)
+                    except OSError as e:
+                        got, why = 0, f"{path}: {e.strerror}"
+                    else:
+                        why = f"{path} is truncated"
+                    failed.update((slot, why) for slot, _ in run[got // len(views[0]):])
+            finally:
+                os.close(fd)
+        return failed
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
@@ -559,7 +717,9 @@ class BlockStore:
                 "block_bytes": self.layout.block_bytes, "fingerprint": self.layout.fingerprint(), **self.counters}
 
     def close(self) -> None:
-        """Nothing to release beyond TensorStore handles; kept for `with` and symmetry."""
+        """Stop the writer and reader threads (TensorStore handles need no closing)."""
+        self._writer_pool.shutdown()
+        self._reader_pool.shutdown()
 
     def __enter__(self):
         return self

@@ -139,8 +139,9 @@ def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, st
         os.remove(path)
     elif fault == "delete-entry":
         os.remove(entry)
-    else:
-        open(entry, "wb").write(b"DJIX4" + b"\0" * 20)
+    else:  # a new file in its place (writing through the path would garble the segment's shared entry file)
+        os.remove(entry)
+        open(entry, "wb").write(b"DJIX5" + b"\0" * 20)
     fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)  # no cached entries
     got = fresh.get_prefix([b.hash for b in ids])
     assert len(got) == (2 if fault == "delete" else 3)  # a deleted segment file takes all its blocks
