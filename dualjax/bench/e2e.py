@@ -1,26 +1,30 @@
 """End to end: DualPath against the Basic baseline on embedded clusters, storage-bound.
 
-    dualjax bench e2e --json FILE [--quick]
+    dualjax bench e2e --json FILE [--quick | --hbm]
 
 Offline agentic workload (`agentic-e2e`: 10 agents x 5 turns, 1,024-token first round, 64-token
 appends, 8 generated tokens) on the `small` model. First an uncapped control run (compute-bound:
 storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would need
 6x (`--storage-factor`) the control's JCT to read every hit block: loading dominates compute, as in
 the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
-theory). Then clusters 1p1d, 2p1d, 1p2d under basic / pe-only / dualpath, and 2p2d under dualpath
-and round-robin for storage-NIC balance; then 1p1d under basic / pe-only / dualpath with a PE
-device-memory budget (`--pe-hbm-mb`) that holds every layer of about one request's KV: Basic runs
-one row per pass, layerwise prefill (two layers per row) is not held back. All runs share this
-process and its 2 CPU cores, so hosts also contend for compute; only the per-host storage NIC
-bandwidth and the PE memory budget are emulated.
+theory). Then, in order of importance: 1p1d and 1p2d under basic / dualpath (the --quick set);
+1p1d under basic / pe-only / dualpath with a PE device-memory budget (`--pe-hbm-mb`, the --hbm set)
+that holds every layer of about one request's KV: Basic reads straight into device memory, so the
+budget bounds its reads in flight as well as its pass (one row), and it loads and computes in turn;
+layerwise prefill (two layers per row, reads into host DRAM) is not held back; then 2p1d and the
+remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
+share this process and the machine's cores, so hosts also contend for compute; only the per-host
+storage NIC bandwidth and the PE memory budget are emulated.
 
-Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): the warm-up run
-(the control's configuration) measures this machine (its JCT: its compilation is not repeated); each
-capped run is predicted from it (the storage factor times the control over the run's storage NICs),
-runs are kept in order of importance while they fit, and if not even the essential ones (the --quick
-set and 1p1d basic / pe-only under the memory budget) fit at the preset's size, the agents shrink
-until they do. A run still predicted to end past the bound (the machine slowed) is skipped and
-listed.
+Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): a warm-up run of
+the control's configuration compiles its pass shapes, then the control, at the preset's size,
+measures this machine without compilation. Each capped run is predicted from the control (the
+storage factor times the control over the run's storage NICs; Basic under the budget adds its
+compute), the essential runs (the --quick set, the --hbm set, or both) are kept and the rest while
+they fit; if the essential ones do not fit, the agents shrink until they do and the control runs
+again at that size (the baseline of the capped runs). Before each run its prediction is scaled by
+how far the runs so far overran theirs; a run then predicted to end past the bound is skipped. The
+JSON lists what ran (`ran`) and what did not and why (`skipped`).
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "d
 FULL = QUICK + [("2p1d", "basic"), ("2p1d", "dualpath"), ("1p1d", "pe-only"), ("1p2d", "pe-only"),
                 ("2p1d", "pe-only"), ("2p2d", "dualpath"), ("2p2d", "round-robin")]
 HBM = ["basic", "pe-only", "dualpath"]  # on 1p1d with the PE memory budget
-RUN_OVERHEAD_S = 5.0  # a run's wall beyond its JCT once the warm-up compiled (start-up, stats, report)
+CONTROL = "control-uncapped-1p1d-basic"
+BASIC_HBM_COMPUTE = 1.0  # Basic under the budget loads, then computes: at most the control's compute on top
+RUN_OVERHEAD_S = 5.0  # least wall of a run beyond its JCT once the warm-up compiled (start-up, stats, report)
+MARGIN = 0.9  # the runs are sized to this share of the wall time left
 
 
 def main(argv=None) -> dict:
@@ -53,6 +60,8 @@ def main(argv=None) -> dict:
                    help="the cap makes one storage NIC need this many times the uncapped JCT (default 6)")
     p.add_argument("--max-wall-s", type=float, default=840.0,
                    help="skip runs that would end past this many seconds of wall time (default 840)")
+    p.add_argument("--hbm", action="store_true",
+                   help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t_start = time.time()
@@ -60,78 +69,93 @@ def main(argv=None) -> dict:
     base = RunConfig(ClusterSpec(1, 1), model="small", workload="agentic-e2e",
                      agents=3 if args.quick else None, turns=3 if args.quick else None)
 
+    walls: dict[str, dict] = {}  # per run: its JCT and its wall time
+
     def run(name: str, **changes) -> dict:
         cfg = base.replace(out=os.path.join(args.out, name), **changes)
+        t0 = time.time()
         r = run_embedded(cfg, progress=False)
-        log.info("%-22s JCT %6.2f s  paths %s  SNIC max/avg %s", name, r["jct_s"], r["paths"],
-                 None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2))
+        walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0}
+        log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f", name, r["jct_s"],
+                 walls[name]["wall_s"], r["paths"],
+                 None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r))
         return r
 
     # The control's own configuration first: it compiles the pass shapes the compute-bound control
-    # meets, so the control times compute, not compilation (the capped runs hide the few new ones).
-    warm = run("warmup", policy="basic")
+    # meets, so the control then times compute, not compilation (the capped runs hide the few new ones).
+    run("warmup", policy="basic")
+    control = run(CONTROL, policy="basic")  # this machine's measure, compile-free
+    measure = dict(walls)
     k = args.storage_factor
-    # in order of importance; the first `essential` always run (fewer agents if need be)
-    hbm_runs = [("1p1d", pol, "hbm") for pol in HBM]
-    planned = [(c, pol, None) for c, pol in QUICK] if args.quick else \
-        [(c, pol, None) for c, pol in QUICK] + hbm_runs[:2] + [(c, pol, None) for c, pol in FULL[len(QUICK):]] + \
-        hbm_runs[2:]
-    essential = len(QUICK) + (0 if args.quick else 2)
+    planned, essential = _planned(args.quick, args.hbm)
     preset_agents = base.agents or get_workload(base.workload).agents
-    runs, agents = _fit_wall(planned, essential, k, warm["jct_s"] + RUN_OVERHEAD_S,
-                             args.max_wall_s - (time.time() - t_start), preset_agents)
+    overhead = max(RUN_OVERHEAD_S, walls[CONTROL]["wall_s"] - control["jct_s"])
+    runs, agents, left_out = _fit_wall(planned, essential, k, control["jct_s"], overhead,
+                                       MARGIN * (args.max_wall_s - (time.time() - t_start)), preset_agents)
     if agents != preset_agents:
         log.info("sized to %d agents so that the runs fit --max-wall-s %.0f", agents, args.max_wall_s)
         base = base.replace(agents=agents)
-    control = run("control-uncapped-1p1d-basic", policy="basic")
+        control = run(CONTROL, policy="basic")  # the baseline at the capped runs' size
     hit_bytes = sum(h["storage_bytes"] for h in control["hosts"])
     cap = hit_bytes / (k * control["jct_s"])
     log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
              cap / 1e6, hit_bytes / 1e6, k)
-    jct, balance, balance_all, reports, skipped, walls = {}, {}, {}, [], [], []
+    jct, balance, balance_all, rows, reports, overran = {}, {}, {}, {}, [], [1.0]
+    skipped = {_name(r): "left out: the warm-up's measure predicts it would end past --max-wall-s" for r in left_out}
     hbm_mb = _hbm_budget_mb(base)
-    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}}
-    for cluster, policy, budget in runs:
-        budget = hbm_mb if budget else None
-        name = f"{cluster}-{policy}" + ("-hbm" if budget else "")
-        predicted = max(walls) if walls else k * control["jct_s"]
+    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {},
+           "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
+                   "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
+    for spec in runs:
+        cluster, policy, budget = spec[0], spec[1], hbm_mb if spec[2] else None
+        name, expect = _name(spec), _cost(spec, k) * control["jct_s"]
+        # the run's own prediction, scaled by how far the runs so far overran theirs (a slowed machine)
+        predicted = expect * max(overran) + overhead
         if time.time() - t_start + predicted > args.max_wall_s:
-            skipped.append(name)
-            log.info("%-22s skipped: predicted %.0f s would end past --max-wall-s %.0f", name, predicted,
-                     args.max_wall_s)
+            skipped[name] = f"skipped: predicted {predicted:.0f} s would end past --max-wall-s {args.max_wall_s:.0f}"
+            log.info("%-22s %s", name, skipped[name])
             continue
-        t0 = time.time()
-        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget)
-        walls.append(time.time() - t0)
+        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget,
+                **_reads_into(policy, budget))
+        overran.append(r["jct_s"] / expect)
+        reports.append(os.path.join(args.out, name))
         if budget:
             hbm["jct_s"][policy] = r["jct_s"]
+            hbm["rows_per_pass"][policy] = rows_per_pass(r)
             continue
         jct.setdefault(cluster, {})[policy] = r["jct_s"]
         balance.setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
         balance_all.setdefault(cluster, {})[policy] = r["snic_max_over_avg_all_windows"]
-        reports.append(os.path.join(args.out, name))
+        rows.setdefault(cluster, {})[policy] = rows_per_pass(r)
+    if "basic" in hbm["jct_s"]:
+        hbm["vs_basic"] = {pol: t / hbm["jct_s"]["basic"] for pol, t in hbm["jct_s"].items()}
     speedup = {c: v["basic"] / v["dualpath"] for c, v in jct.items() if "basic" in v and "dualpath" in v}
     theory = {c: (ClusterSpec.parse(c).prefill + ClusterSpec.parse(c).decode) / ClusterSpec.parse(c).prefill
               for c in speedup}
     figure = os.path.join(args.out, "jct_per_policy.png")
     plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in reports])
     result = {
-        "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick,
-        "agents": base.agents, "turns": base.turns,
+        "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick, "hbm_only": args.hbm,
+        "agents": base.agents, "turns": base.turns, "preset_agents": preset_agents,
+        "sizing": {"measured_at_preset_size": measure, "run_overhead_s": overhead, "margin": MARGIN,
+                   "planned": [_name(r) for r in planned],
+                   "essential": [_name(r) for r in planned[:essential]]},
         "cap_mbps": cap / 1e6,
         "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
         "control_uncapped_jct_s": control["jct_s"], "hit_bytes": hit_bytes,
+        "control_rows_per_pass": rows_per_pass(control),
         # what every run here profiled at start-up (once per process): the simulator replays it
         "runtime_profile": {"prefill_tokens_per_s": control["prefill_tokens_per_s"],
                             "pack_fit": next(h["pack_fit"] for h in control["hosts"] if h["role"] == "prefill")},
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
         "jct_s": jct, "snic_max_over_avg": balance, "snic_max_over_avg_all_windows": balance_all,
+        "rows_per_pass": rows,
         "plots": [figure] + [os.path.join(d, "storage.png") for d in reports],
-        "hbm": hbm, "skipped": skipped, "max_wall_s": args.max_wall_s,
-        "wall_s": time.time() - t_start,
-        "notes": "Embedded clusters in one process on this 2-core machine: hosts share the CPU, so compute is "
-                 "contended too; the per-host storage NIC cap is the one thing emulated. Basic = PE-only reads "
-                 "without layerwise prefill.",
+        "hbm": hbm, "ran": [n for n in map(_name, runs) if n not in skipped], "skipped": skipped,
+        "max_wall_s": args.max_wall_s, "wall_s": time.time() - t_start, "runs": walls,
+        "notes": "Embedded clusters in one process on this machine: hosts share the CPU, so compute is "
+                 "contended too; the per-host storage NIC cap and the PE memory budget are the things emulated. "
+                 "Basic = PE-only reads without layerwise prefill.",
     }
     if "dualpath" in jct.get("1p1d", {}) and "basic" in jct.get("2p1d", {}):
         result["dualpath_1p1d_over_basic_2p1d"] = jct["1p1d"]["dualpath"] / jct["2p1d"]["basic"]
@@ -139,26 +163,64 @@ def main(argv=None) -> dict:
     return result
 
 
-def _fit_wall(runs: list, essential: int, k: float, control_s: float, budget_s: float,
-              agents: int) -> tuple[list, int]:
-    """The runs (in order of importance) and the agent count that fit `budget_s` seconds, from one run of
-    the control's configuration (`control_s`): a capped run is predicted to take the control's time
-    times k over its storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least
-    the control's. Runs past the first `essential` that do not fit are left out; if the essential ones
-    do not fit, the agents shrink until they do."""
-    def cost(run) -> float:
-        c = ClusterSpec.parse(run[0])
-        nics = c.prefill if run[1] in ("basic", "pe-only") else c.prefill + c.decode
-        return max(1.0, k / nics)
-    need = (1.0 + sum(cost(r) for r in runs[:essential])) * control_s  # with the control
-    if need > budget_s:
-        return runs[:essential], max(2, int(agents * budget_s / need))
-    spent, kept = need, list(runs[:essential])
+def rows_per_pass(report: dict) -> float:
+    """Mean rows of a prefill pass over the run's PEs (from each PE's passes by padded shape)."""
+    tallies = [t for h in report["hosts"] if h["role"] == "prefill" for t in h["pass_shapes"]]
+    return sum(t["rows"] * t["passes"] for t in tallies) / max(1, sum(t["passes"] for t in tallies))
+
+
+def _planned(quick: bool, hbm_only: bool) -> tuple[list, int]:
+    """(runs in order of importance as (cluster, policy, under the memory budget?), how many lead that
+    always run): the --hbm set, the --quick set, or the quick set, the memory-budget set, then the rest."""
+    hbm = [("1p1d", pol, True) for pol in HBM]
+    if hbm_only:
+        return hbm, len(hbm)
+    quick_runs = [(c, pol, False) for c, pol in QUICK]
+    if quick:
+        return quick_runs, len(quick_runs)
+    return quick_runs + hbm + [(c, pol, False) for c, pol in FULL[len(QUICK):]], len(quick_runs) + len(hbm)
+
+
+def _reads_into(policy: str, budget_mb: float | None) -> dict:
+    """Basic under a PE memory budget reads its hit KV straight into device memory (docs/paper.md §5), so
+    the budget bounds its reads in flight too: its PE buffer is the budget. Layerwise reads land in host
+    DRAM (the PE buffer as usual) and the budget holds only the two layers being computed."""
+    return {"pe_buffer_mb": budget_mb} if budget_mb and policy == "basic" else {}
+
+
+def _name(run: tuple) -> str:
+    return f"{run[0]}-{run[1]}" + ("-hbm" if run[2] else "")
+
+
+def _cost(run: tuple, k: float) -> float:
+    """A capped run's predicted JCT in units of the control's: the storage factor over the run's
+    storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least one; Basic under
+    the memory budget loads and computes in turn, so its compute adds to its loads."""
+    c = ClusterSpec.parse(run[0])
+    load = max(1.0, k / (c.prefill if run[1] in ("basic", "pe-only") else c.prefill + c.decode))
+    return load + BASIC_HBM_COMPUTE if run[2] and run[1] == "basic" else load
+
+
+def _fit_wall(runs: list, essential: int, k: float, control_s: float, overhead_s: float, budget_s: float,
+              agents: int) -> tuple[list, int, list]:
+    """(runs kept, agents, runs left out) so that the runs fit `budget_s` seconds, from the control's
+    measured JCT `control_s` (a capped run's JCT is `_cost` times it) and a run's wall beyond its JCT
+    (`overhead_s`). Runs past the first `essential` that do not fit are left out; if the essential
+    ones do not fit, the agents shrink until they do (JCTs scale with the agents, overheads do not),
+    with one more control run at the new size."""
+    jcts = sum(_cost(r, k) for r in runs[:essential]) * control_s
+    if jcts + essential * overhead_s > budget_s:
+        scale = (budget_s - (essential + 1) * overhead_s) / (jcts + control_s)
+        return runs[:essential], max(2, int(agents * scale)), runs[essential:]
+    spent, kept, left = jcts + essential * overhead_s, list(runs[:essential]), []
     for r in runs[essential:]:
-        if spent + cost(r) * control_s <= budget_s:
+        more = _cost(r, k) * control_s + overhead_s
+        if spent + more <= budget_s:
             kept.append(r)
-            spent += cost(r) * control_s
-    return kept, agents
+            spent += more
+        else:
+            left.append(r)
+    return kept, agents, left
 
 
 def _hbm_budget_mb(cfg: RunConfig) -> float:
