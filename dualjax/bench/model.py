@@ -1,7 +1,8 @@
 """Model throughput on this machine: prefill tokens/s over a (cached, new) grid, decode tokens/s
 at several batch sizes, and the fraction of this machine's matmul FLOP/s that prefill reaches
 (the matmul roofline, in the model's dtype, is measured in the same run). Decode also reports
-the bytes per second a step reads (weights + KV), the measure of a memory-bound step.
+the bytes per second a step reads (weights + KV), the measure of a memory-bound step. `attention`
+says which attention implementation prefill and decode ran ("cudnn" fused or "xla").
 
     dualjax bench model --json FILE [--quick] [--model small]
 
@@ -19,9 +20,10 @@ import numpy as np
 
 import models
 from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
+from models import mla
 from models.config import ModelConfig
 from models.costs import decode_bytes_per_step
-from models.model import attention_implementation
+from models.model import attention_implementation, decode_implementation, decode_seq_major
 
 log = logging.getLogger("dualjax.bench.model")
 
@@ -58,6 +60,16 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
             "bytes_read_per_s": read / step_s}
 
 
+def attention_report(cfg) -> dict:
+    """The attention implementations prefill and decode run for `cfg` on this backend (decode over the
+    cache layout `DecodeCache.create` picks)."""
+    if isinstance(cfg, ModelConfig):
+        seq_major = decode_seq_major(cfg)
+        return {"prefill": attention_implementation(cfg), "decode": decode_implementation(cfg, seq_major),
+                "decode_cache": "sequence-major" if seq_major else "head-major"}
+    return {"prefill": mla.attention_implementation(cfg), "decode": "einsum (absorbed MLA)"}
+
+
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
@@ -82,7 +94,7 @@ def main(argv=None) -> dict:
         "benchmark": "model", "model": cfg.name, "weights": source.describe, "machine": machine(),
         "param_bytes": models.param_bytes(cfg),
         "kv_bytes_per_token": models.kv_bytes_per_token(cfg),
-        "attention": attention_implementation(cfg) if isinstance(cfg, ModelConfig) else "xla (MLA, models.deepseek)",
+        "attention": attention_report(cfg),
         "matmul_gflops": peak / 1e9,
         "prefill": prefill, "decode": decode,
         "prefill_fraction_of_matmul_peak": best / peak,
