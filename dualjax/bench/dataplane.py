@@ -11,14 +11,18 @@ does nothing else), so what is measured is the runtime's own data movement:
   transport -> PE receive buffer -> device.
 Both paths run embedded (one process, in-process transport) and under `mpiexec -n 2` (rank 1 the
 DE, rank 0 the PE, `MpiTransport` over MPICH shared memory). Every stage is also timed alone on the
-same bytes (`stages`, GB/s and seconds per request set; the device stages `h2d` and `d2h` apart) so
-the shortfall of a path can be attributed. raw = the same bytes read from one file on the same disk
-into a reused buffer (page cache warm, as the store's files are).
+same bytes (`stage_gbps`, `stage_s`, `cpu_s`; the device stages `h2d` and `d2h` apart), and
+`stages` says per path where its time goes against the raw read: the store's own shortfall
+(`store_over_raw_s`) and what the data plane adds beyond the store read (`dataplane_over_store_s`).
+raw = the same bytes read from one file on the same disk into a reused buffer by one process
+alone (page cache warm, as the store's files are). Trials interleave every figure, so load from
+other jobs hits them alike; figures are medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -34,13 +38,20 @@ import numpy as np
 import kvstore as kv
 import models
 from dualjax.bench.common import emit, machine, parser
-from dualjax.runtime.buffers import RequestKV
+from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
+
+
+def _timed(fn, *args) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds, all threads) of `fn(*args)`."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 class Data:
@@ -64,128 +75,138 @@ class Data:
                 with open(self.raw_path, "ab") as f:
                     blocks.tofile(f)
             self.hashes.append([b.hash for b in ids])
-        self.raw_buf = np.empty(os.path.getsize(self.raw_path), np.uint8)
+        self.raw_buf = aligned_empty(os.path.getsize(self.raw_path))
 
-    def raw_read(self) -> float:
-        t0 = time.perf_counter()
+    def raw_read(self) -> None:
         with open(self.raw_path, "rb", buffering=0) as f:
             view, got = memoryview(self.raw_buf), 0
             while got < view.nbytes:
                 got += f.readinto(view[got:])
-        return time.perf_counter() - t0
 
     def buffers(self) -> list[RequestKV]:
         return [RequestKV(self.layout, self.nb * self.T) for _ in range(self.requests)]
 
-
-def _deliver(dev: list, host: np.ndarray) -> None:
-    """Hand one layer to the computation: onto the device; the previous layer must have arrived."""
-    if dev:
-        dev.pop().block_until_ready()
-    dev.append(jax.device_put(host))
+    def read_all(self, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> list:
+        """Queue every request's read, layer-major, into its buffer; the tickets."""
+        return [nic.read(self.store, h, out=rkv.blocks, layer_major=True) for h, rkv in zip(self.hashes, rkvs)]
 
 
-def pe_path(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> float:
-    """Store -> PE buffer -> device, layer by layer as each arrives (reads queued per request)."""
-    t0 = time.perf_counter()
-    tickets = [nic.read(d.store, hashes, out=rkv.blocks, layer_major=True) for hashes, rkv in zip(d.hashes, rkvs)]
-    dev: list = []
-    for ticket, rkv in zip(tickets, rkvs):
+class Device:
+    """The stand-in for the prefill computation: takes each layer onto the device as it comes. A
+    layer's transfer is dispatched at once and waited for only when the layer after next arrives,
+    so it overlaps the read (or relay) of the next layer, as a layerwise prefill's would."""
+
+    def __init__(self):
+        self.inflight: collections.deque = collections.deque()
+
+    def take(self, host: np.ndarray) -> None:
+        self.inflight.append(jax.device_put(host))
+        if len(self.inflight) > 2:
+            self.inflight.popleft().block_until_ready()
+
+    def finish(self) -> None:
+        jax.block_until_ready(list(self.inflight))
+        self.inflight.clear()
+
+
+def pe_path(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> None:
+    """Store -> PE buffer -> device, each layer as soon as it is in (reads queued per request)."""
+    dev = Device()
+    for ticket, rkv in zip(d.read_all(nic, rkvs), rkvs):
         for layer in range(d.L):
             assert ticket.wait_layer(layer) == d.nb, "a block read failed"
-            _deliver(dev, rkv.layer(layer, d.nb * d.T))
-    dev.pop().block_until_ready()
-    return time.perf_counter() - t0
+            dev.take(rkv.layer(layer, d.nb * d.T))
+    dev.finish()
 
 
 def de_sender(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV], transport, pe: int) -> None:
     """The DE's side: read into the DE buffer, relay each layer's slice as soon as it is there."""
-    tickets = [nic.read(d.store, hashes, out=rkv.blocks, layer_major=True) for hashes, rkv in zip(d.hashes, rkvs)]
-    for r, (ticket, rkv) in enumerate(zip(tickets, rkvs)):
+    for r, (ticket, rkv) in enumerate(zip(d.read_all(nic, rkvs), rkvs)):
         for layer in range(d.L):
             valid = ticket.wait_layer(layer)
             transport.send(pe, LayerKV(r, layer, 0, rkv.layer_view(layer, d.nb), valid))
 
 
-def de_receiver(d: Data, transport) -> None:
-    """The PE's side of the DE path: each relayed layer onto the device, in arrival order."""
-    dev: list = []
+def relay_sender(d: Data, rkvs: list[RequestKV], transport, pe: int) -> None:
+    """The relay stage alone: every layer of the (already filled) buffers."""
+    for r, rkv in enumerate(rkvs):
+        for layer in range(d.L):
+            transport.send(pe, LayerKV(r, layer, 0, rkv.layer_view(layer, d.nb), d.nb))
+
+
+def receiver(d: Data, transport, device: bool = True) -> None:
+    """The PE's side of the DE path: each relayed layer onto the device (`device`), in arrival order."""
+    dev = Device()
     for _ in range(d.requests * d.L):
         got = transport.recv(timeout=120)
         if got is None:
             raise TimeoutError("dataplane: no relayed layer for 120 s")
         msg = got[1]
         assert msg.valid == d.nb, "a block read failed"
-        _deliver(dev, msg.kv.reshape(-1, *d.layout.record_shape))
-    dev.pop().block_until_ready()
+        if device:
+            dev.take(msg.kv.reshape(-1, *d.layout.record_shape))
+    dev.finish()
 
 
-def de_path_embedded(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> float:
-    from dualjax.runtime.transport import InProcFabric
-    fabric = InProcFabric(2)
-    t0 = time.perf_counter()
-    sender = threading.Thread(target=de_sender, args=(d, nic, rkvs, fabric.transport(1), 0), daemon=True)
-    sender.start()
-    de_receiver(d, fabric.transport(0))
-    sender.join()
-    return time.perf_counter() - t0
+def _embedded_pair(fabric, sender, *args) -> None:
+    """Rank 1 (`sender`, a thread) relays to rank 0 (this thread, the receiver)."""
+    t = threading.Thread(target=sender, args=(*args, fabric.transport(1), 0), daemon=True)
+    t.start()
+    receiver(args[0], fabric.transport(0), device=sender is de_sender)
+    t.join()
 
 
-def stages(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> dict:
-    """Each stage alone on the same bytes (seconds for all requests)."""
-    out = {}
-    t0 = time.perf_counter()
-    for t in [nic.read(d.store, h, out=rkv.blocks, layer_major=True) for h, rkv in zip(d.hashes, rkvs)]:
-        assert t.wait() == d.nb
-    out["store_read"] = time.perf_counter() - t0
+def store_read(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> None:
+    for t in d.read_all(nic, rkvs):
+        assert t.wait() == d.nb, "a block read failed"
+
+
+def device_stages(d: Data, rkvs: list[RequestKV]) -> dict:
+    """h2d and d2h alone, every layer (wall seconds, CPU seconds)."""
     layers = [rkv.layer(layer, d.nb * d.T) for rkv in rkvs for layer in range(d.L)]  # views: no gather stage
-    t0 = time.perf_counter()
-    for host in layers:
-        jax.device_put(host).block_until_ready()
-    out["h2d"] = time.perf_counter() - t0
-    dev = [jax.device_put(host) for host in layers]
+    h2d = _timed(lambda: [jax.device_put(x).block_until_ready() for x in layers])
+    dev = [jax.device_put(np.array(x)) for x in layers]  # device-owned copies (not aliases of the host buffer)
     jax.block_until_ready(dev)
-    t0 = time.perf_counter()
-    for x in dev:
-        np.asarray(x)
-    out["d2h"] = time.perf_counter() - t0
-    return out
+    d2h = _timed(lambda: [np.asarray(x) for x in dev])
+    return {"h2d": h2d, "d2h": d2h}
 
 
-def _summary(d: Data, raw: list, paths: dict, stage_runs: list[dict]) -> dict:
-    raw_s = statistics.median(raw)
-    res = {"bytes": d.nbytes, "raw_read_gbps": _gbps(d.nbytes, raw_s)}
-    for name, times in paths.items():
-        res[f"{name}_gbps"] = _gbps(d.nbytes, statistics.median(times))
-        res[f"{name}_vs_raw"] = raw_s / statistics.median(times)
-    med = {k: statistics.median(s[k] for s in stage_runs) for k in stage_runs[0]}
-    res["stage_gbps"] = {k: _gbps(d.nbytes, v) for k, v in med.items()}
-    res["stage_s"] = med
+def _summary(d: Data, runs: list[dict]) -> dict:
+    """Medians over trials of {stage or path: (wall s, CPU s)}; ratios, GB/s and the breakdown."""
+    wall = {k: statistics.median(r[k][0] for r in runs) for k in runs[0]}
+    cpu = {k: statistics.median(r[k][1] for r in runs) for k in runs[0]}
+    res = {"bytes": d.nbytes, "raw_read_gbps": _gbps(d.nbytes, wall["raw"]),
+           "store_vs_raw": wall["raw"] / wall["store_read"]}
+    for name in ("pe", "de"):
+        res[f"{name}_gbps"] = _gbps(d.nbytes, wall[name])
+        res[f"{name}_vs_raw"] = wall["raw"] / wall[name]
+        res[f"{name}_vs_store"] = wall["store_read"] / wall[name]
+    res["stage_gbps"] = {k: _gbps(d.nbytes, v) for k, v in wall.items()}
+    res["stage_s"], res["cpu_s"] = wall, cpu
+    device = {"h2d": res["stage_gbps"]["h2d"], "d2h": res["stage_gbps"]["d2h"]}
+    res["stages"] = {
+        name: {"store_read": res["stage_gbps"]["store_read"], **({"relay": res["stage_gbps"]["relay"]} if name == "de"
+                                                                 else {}),
+               "device": device, "path": res[f"{name}_gbps"],
+               "raw_read_s": wall["raw"], "store_over_raw_s": wall["store_read"] - wall["raw"],
+               "dataplane_over_store_s": wall[name] - wall["store_read"]}
+        for name in ("pe", "de")}
     return res
 
 
 def measure_embedded(d: Data, trials: int) -> dict:
-    nic, pe_bufs, de_bufs = kv.StorageNIC("pe"), d.buffers(), d.buffers()
-    d.raw_read(), pe_path(d, nic, pe_bufs), de_path_embedded(d, nic, de_bufs)  # warm-up: page cache, compiles
-    raw, paths, runs = [], {"pe": [], "de": []}, []
+    from dualjax.runtime.transport import InProcFabric
+    nic, pe_bufs, de_bufs, fabric = kv.StorageNIC("pe"), d.buffers(), d.buffers(), InProcFabric(2)
+    run = {"raw": d.raw_read, "store_read": lambda: store_read(d, nic, pe_bufs),
+           "pe": lambda: pe_path(d, nic, pe_bufs), "de": lambda: _embedded_pair(fabric, de_sender, d, nic, de_bufs),
+           "relay": lambda: _embedded_pair(fabric, relay_sender, d, de_bufs)}
+    for fn in run.values():  # warm-up: page cache, compiles, pools
+        fn()
+    runs = []
     for _ in range(trials):  # interleaved, so load from other jobs hits every figure alike
-        raw.append(d.raw_read())
-        paths["pe"].append(pe_path(d, nic, pe_bufs))
-        paths["de"].append(de_path_embedded(d, nic, de_bufs))
-        runs.append(stages(d, nic, pe_bufs))
+        runs.append({k: _timed(fn) for k, fn in run.items()} | device_stages(d, pe_bufs))
     nic.close()
-    res = _summary(d, raw, paths, runs)
-    res["stages"] = _path_stages(res, relay_gbps=None)
-    return res
-
-
-def _path_stages(res: dict, relay_gbps: float | None) -> dict:
-    """Per path, the stages it chains (GB/s of each alone); device stages listed apart."""
-    g = res["stage_gbps"]
-    pe = {"store_read": g["store_read"], "device": {"h2d": g["h2d"], "d2h": g["d2h"]}}
-    de = {"store_read": g["store_read"], "relay": relay_gbps if relay_gbps else "in-process copy (see de_gbps)",
-          "device": {"h2d": g["h2d"], "d2h": g["d2h"]}}
-    return {"pe": pe, "de": de}
+    return _summary(d, runs)
 
 
 def _barrier(comm) -> None:
@@ -196,7 +217,8 @@ def _barrier(comm) -> None:
 
 
 def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trials: int) -> None:
-    """Rank 1 = DE (reads, relays), rank 0 = PE (receives, delivers; also runs the PE path)."""
+    """Rank 1 = DE (reads, relays), rank 0 = PE (receives, delivers). Single-rank stages (raw,
+    store read, PE path, device) run on rank 0 while rank 1 waits; CPU seconds add both ranks."""
     from mpi4py import MPI
 
     from dualjax.runtime.transport import MpiTransport
@@ -205,49 +227,40 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
     nic, bufs = kv.StorageNIC(f"r{comm.rank}"), d.buffers()
     t = MpiTransport(comm)
 
-    def de_once() -> float:
-        _barrier(comm)
-        t0 = time.perf_counter()
-        if comm.rank == 1:
-            de_sender(d, nic, bufs, t, 0)
-        else:
-            de_receiver(d, t)
-        _barrier(comm)
-        return time.perf_counter() - t0
+    def both(sender, *args):
+        return lambda: sender(*args, t, 0) if comm.rank == 1 else receiver(d, t, device=sender is de_sender)
 
-    def relay_only() -> float:  # the relay stage alone: buffers already filled, no device
-        _barrier(comm)
-        t0 = time.perf_counter()
-        if comm.rank == 1:
-            for r, rkv in enumerate(bufs):
-                for layer in range(d.L):
-                    t.send(0, LayerKV(r, layer, 0, rkv.layer_view(layer, d.nb), d.nb))
-        else:
-            for _ in range(d.requests * d.L):
-                t.recv(timeout=120)
-        _barrier(comm)
-        return time.perf_counter() - t0
+    def alone(fn):
+        return lambda: fn() if comm.rank == 0 else None
 
-    de_once(), relay_only()
-    raw, paths, runs, relay = [], {"pe": [], "de": []}, [], []
+    run = {"raw": alone(d.raw_read), "store_read": alone(lambda: store_read(d, nic, bufs)),
+           "pe": alone(lambda: pe_path(d, nic, bufs)), "de": both(de_sender, d, nic, bufs),
+           "relay": both(relay_sender, d, bufs)}
+
+    def timed(fn):
+        _barrier(comm)
+        got = _timed(fn)
+        _barrier(comm)
+        return got
+
+    for fn in run.values():
+        timed(fn)
+    runs = []
     for _ in range(trials):
-        raw.append(d.raw_read())
-        paths["de"].append(de_once())
-        relay.append(relay_only())
+        got = {k: timed(fn) for k, fn in run.items()}
         _barrier(comm)
-        if comm.rank == 0:
-            paths["pe"].append(pe_path(d, nic, bufs))
-            runs.append(stages(d, nic, bufs))
-        _barrier(comm)
+        got |= device_stages(d, bufs) if comm.rank == 0 else {}
+        runs.append(got)
+    _barrier(comm)
     t.close()
     nic.close()
-    if comm.rank == 0:
-        res = _summary(d, raw, paths, runs)
-        res["stage_gbps"]["relay"] = _gbps(d.nbytes, statistics.median(relay))
-        res["stage_s"]["relay"] = statistics.median(relay)
-        res["stages"] = _path_stages(res, relay_gbps=res["stage_gbps"]["relay"])
+    every = comm.gather(runs)
+    if comm.rank == 0:  # wall from rank 0 (both ranks are inside a barrier pair), CPU of both ranks
+        for r0, r1 in zip(*every):
+            for k, (_, cpu) in r1.items():
+                r0[k] = (r0[k][0], r0[k][1] + cpu)
         with open(out_path, "w") as f:
-            json.dump(res, f)
+            json.dump(_summary(d, every[0]), f)
 
 
 def main(argv=None) -> dict:
@@ -274,13 +287,16 @@ def main(argv=None) -> dict:
             subprocess.run(cmd, check=True, timeout=900)
             result["mpi"] = json.load(open(out))
     top = result.get("mpi", result["embedded"])
-    result.update(pe_vs_raw=top["pe_vs_raw"], de_vs_raw=top["de_vs_raw"], raw_read_gbps=top["raw_read_gbps"],
-                  stages=top["stages"], wall_s=time.perf_counter() - t_start)
+    result.update({k: top[k] for k in ("pe_vs_raw", "de_vs_raw", "raw_read_gbps", "store_vs_raw", "pe_vs_store",
+                                       "de_vs_store", "stages")}, wall_s=time.perf_counter() - t_start)
     result["notes"] = (
         "Uncapped; no model compute. Top-level figures from the mpiexec run (one process per host, as deployed) "
-        "when it ran, else embedded. *_vs_raw = raw read seconds / path seconds for the same bytes, medians of "
-        "interleaved trials. stages: GB/s of each stage alone on the same bytes; a path chains them (pipelined "
-        "layer by layer), so it cannot beat its slowest stage. CPU backend: h2d/d2h are host memory copies.")
+        "when it ran, else embedded. *_vs_raw = raw read seconds / path seconds for the same bytes; *_vs_store = "
+        "store read seconds / path seconds (the data plane's own efficiency: a path cannot beat the store read it "
+        "starts with). Medians of interleaved trials. stage_gbps/stage_s: each stage alone on the same bytes; "
+        "cpu_s: CPU seconds of every thread (both ranks under mpiexec). stages[path]: where the path's time goes "
+        "against the raw read. CPU backend: page-aligned host buffers are aliased by jax.device_put (h2d free) and "
+        "np.asarray of a device array is a view (d2h free); on an accelerator both are DMA copies.")
     emit(result, args.json)
     return result
 

@@ -4,7 +4,9 @@ A request that does not fit waits (FIFO) until earlier ones release; it is never
 larger than the whole budget can never fit and is refused at once with the figure to raise.
 `BufferPool` recycles the transport's receive buffers: a fresh NumPy array of megabytes costs
 page faults on first touch (about a third of a shared-memory MPI transfer's time here), a
-reused one does not.
+reused one does not. Every buffer here is page-aligned (`aligned_empty`): XLA's CPU client then
+aliases a host array instead of copying it (`jax.device_put` of a layer is free on CPU), and
+accelerators' DMA engines move page-aligned host memory fastest.
 """
 
 from __future__ import annotations
@@ -19,6 +21,21 @@ from dualjax.core.config import ConfigError
 
 class BufferTooSmall(ConfigError):
     """A buffer budget smaller than one request: the message says which flag to raise."""
+
+
+ALIGN = 4096  # bytes: a page (XLA's CPU client aliases host arrays aligned to 64 bytes)
+
+
+def aligned_empty(nbytes: int, zero: bool = False) -> np.ndarray:
+    """A uint8 array of `nbytes` starting on an `ALIGN` boundary (a view of an over-allocated owner,
+    which every view of it keeps alive). `zero`: zero-filled (calloc: free until touched)."""
+    owner = (np.zeros if zero else np.empty)(nbytes + ALIGN, np.uint8)
+    return _aligned_view(owner, nbytes)
+
+
+def _aligned_view(owner: np.ndarray, nbytes: int) -> np.ndarray:
+    start = -owner.ctypes.data % ALIGN
+    return owner[start:start + nbytes]
 
 
 class HostBuffer:
@@ -61,8 +78,8 @@ class BufferPool:
     `take(nbytes)` returns a uint8 view of a pooled buffer; every array derived from it keeps the
     buffer alive, and the buffer is handed out again only when the CPython reference count says
     no view of it is left (so a receiver may keep a delivered array as long as it likes). At most
-    `keep_bytes` are pooled; past that, buffers are plain allocations freed as usual. Not
-    thread-safe: one thread takes (the transport's progress thread); any thread may drop views.
+    `keep_bytes` are pooled; past that, buffers are plain allocations freed as usual. Any thread
+    may take (a lock serialises takers) or drop views.
     """
 
     def __init__(self, keep_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
@@ -70,20 +87,29 @@ class BufferPool:
         self.pooled = 0
         self.hits = self.misses = 0
         self._classes: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> np.ndarray:
+        """A page-aligned uint8 array of `nbytes`, reused when a free one of its size class exists."""
         size = max(self.min_bytes, 1 << max(nbytes - 1, 0).bit_length())
-        bufs = self._classes.setdefault(size, [])
-        for buf in bufs:
-            if sys.getrefcount(buf) <= _FREE_REFS:  # the list, the loop variable, getrefcount's argument
-                self.hits += 1
-                return buf[:nbytes]
-        self.misses += 1
-        buf = np.empty(size, np.uint8)
-        if self.pooled + size <= self.keep_bytes:
-            bufs.append(buf)
-            self.pooled += size
-        return buf[:nbytes]
+        with self._lock:
+            owners = self._classes.setdefault(size, [])  # each over-allocated by ALIGN; views' base is the owner
+            for owner in owners:
+                if sys.getrefcount(owner) <= _FREE_REFS:  # the list, the loop variable, getrefcount's argument
+                    self.hits += 1
+                    return _aligned_view(owner, nbytes)
+            self.misses += 1
+            owner = np.empty(size + ALIGN, np.uint8)
+            if self.pooled + size <= self.keep_bytes:
+                owners.append(owner)
+                self.pooled += size
+            return _aligned_view(owner, nbytes)
+
+    def copy(self, a: np.ndarray) -> np.ndarray:
+        """`a` copied into a pooled buffer (same shape and dtype, C order)."""
+        out = self.take(a.nbytes).view(a.dtype).reshape(a.shape)
+        np.copyto(out, a)
+        return out
 
 
 _FREE_REFS = 3
@@ -101,7 +127,9 @@ class RequestKV:
     def __init__(self, layout, n_tokens: int):
         self.layout, self.n_tokens = layout, n_tokens
         nb = -(-n_tokens // layout.block_tokens)
-        self.by_layer = np.zeros((layout.n_layers, nb, layout.block_tokens, *layout.record_shape), layout.np_dtype)
+        shape = (layout.n_layers, nb, layout.block_tokens, *layout.record_shape)
+        nbytes = int(np.prod(shape)) * layout.np_dtype.itemsize  # page-aligned: a layer goes to a CPU device uncopied
+        self.by_layer = aligned_empty(nbytes, zero=True).view(layout.np_dtype).reshape(shape)
         self.blocks = np.swapaxes(self.by_layer, 0, 1)  # [nb, L, T, *record], a view
 
     @staticmethod

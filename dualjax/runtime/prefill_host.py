@@ -184,7 +184,7 @@ class PrefillHost(Host):
     def _pass(self, plan: list[tuple["_Row", int]]) -> list["_Row"]:
         """One prefill pass over (row, new tokens) pairs; returns the rows whose prefill finished.
         A bad block found on the way restarts that row with fewer hit blocks and drops the pass."""
-        L, record = self.layout.n_layers, self.layout.record_shape
+        L = self.layout.n_layers
         toks = np.zeros((len(plan), max(n for _, n in plan)), np.int32)
         for b, (r, n) in enumerate(plan):
             toks[b, :n] = r.a.request.tokens[r.next:r.next + n]
@@ -193,16 +193,14 @@ class PrefillHost(Host):
         fresh: list[list[np.ndarray]] = [[] for _ in plan]  # per row: this pass's KV, by layer
         previous = None
         for layer in range(L):
-            prefix = np.zeros((len(plan), max(r.next for r, _ in plan), *record), self.layout.np_dtype)
             hits = []
-            for b, (r, _) in enumerate(plan):
+            for r, _ in plan:
                 valid, hit_kv = r.source(layer)
                 if r.a.path != "none" and valid < r.hit:
                     r.restart(valid, self.layout)
                     return []
-                np.concatenate([hit_kv[:r.start], *r.done[layer]], out=prefix[b, :r.next])  # no temporary
                 hits.append(hit_kv)
-            kv = lw.layer(layer, prefix)  # dispatched; runs while we send the previous layer
+            kv = lw.layer(layer, self._prefix(plan, layer, hits))  # dispatched; runs while we send the previous layer
             kv.copy_to_host_async()  # its device->host copy starts when it is computed, not when we ask
             if previous is not None:
                 self._send_layer(plan, fresh, *previous)
@@ -219,13 +217,27 @@ class PrefillHost(Host):
                 finished.append(r)
         return finished
 
+    def _prefix(self, plan, layer: int, hits) -> np.ndarray:
+        """Layer `layer`'s prefix KV of every row, [rows, longest, *record]: its hit KV then the KV of
+        its chunks computed so far, zero-padded. A lone row with no computed chunk is its hit KV
+        as it lies in the PE buffer (a view: no gather; the buffer holds still until the row ends)."""
+        first = plan[0][0]
+        if len(plan) == 1 and first.next == first.start:
+            return hits[0][None, :first.start]
+        prefix = np.zeros((len(plan), max(r.next for r, _ in plan), *self.layout.record_shape), self.layout.np_dtype)
+        for b, (r, _) in enumerate(plan):
+            np.concatenate([hits[b][:r.start], *r.done[layer]], out=prefix[b, :r.next])  # no temporary
+        return prefix
+
     def _send_layer(self, plan, fresh, layer: int, hits, kv) -> None:
         """Send each row's layer KV to its DE (on the PE path with a row's first chunk, the hit
-        tokens' KV too) and keep it as host arrays in `fresh`."""
+        tokens' KV too) and keep it as host arrays in `fresh`. The layer's KV comes to the host
+        once, by the copy started when it was dispatched; rows are views of it."""
+        host = np.asarray(kv)
         for b, (r, n) in enumerate(plan):
             if r.a.path != "de" and r.start and r.next == r.start:
-                self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, 0, np.ascontiguousarray(hits[b][:r.start])))
-            miss = np.asarray(kv[b, :n])
+                self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, 0, hits[b][:r.start]))
+            miss = host[b, :n]
             self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, r.next, miss))
             fresh[b].append(miss)
 

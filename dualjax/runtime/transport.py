@@ -1,6 +1,8 @@
 """Transports: how ranks exchange messages. One interface, two implementations.
 
 * `InProcFabric`/`InProcTransport`: threads and queues in one process (tests, notebooks, demo).
+  A `LayerKV` is copied, as a network would, into a pooled page-aligned buffer (no page faults;
+  the receiver can hand it to a CPU device uncopied).
 * `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call (threads blocked
   in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled by
   the transport, sent at once: high priority) and bulk messages: `LayerKV`, sent as a small
@@ -11,7 +13,10 @@
   backlog of layers (the preemption points). The receiver posts every chunk's receive into a
   recycled buffer (`BufferPool`: no page faults) as soon as the header arrives, so MPI moves the
   bytes; completions are collected with `Testsome`. `priority=False` sends everything in
-  submission order (the FIFO baseline of `dualjax.bench.relay`).
+  submission order (the FIFO baseline of `dualjax.bench.relay`). When nothing moves the progress
+  thread backs off, up to `WAIT_MAX_S` between polls while transfers are in flight (the peer is
+  slow: its reads or copies need the CPU more than our polling) and `IDLE_MAX_S` with nothing in
+  flight; a local `send` wakes it at once.
 * `sent_bytes`: "kv" counts KV payload bytes, "control" the pickled bytes of every other message
   and of the KV headers.
 """
@@ -63,6 +68,7 @@ class InProcFabric:
     def __init__(self, size: int):
         self.inboxes = [queue.Queue() for _ in range(size)]
         self.failure: str | None = None
+        self.pool = BufferPool()  # what KV messages are copied into
 
     def transport(self, rank: int) -> "InProcTransport":
         return InProcTransport(self, rank)
@@ -75,7 +81,7 @@ class InProcTransport(Transport):
 
     def send(self, dst: int, msg) -> None:
         if isinstance(msg, LayerKV):  # a copy, as a network would make: the sender may reuse its buffer
-            msg = dataclasses.replace(msg, kv=np.array(msg.kv, copy=True))
+            msg = dataclasses.replace(msg, kv=self.fabric.pool.copy(msg.kv))
             self.sent_bytes["kv"] += msg.kv.nbytes
         else:  # the bytes the MPI transport would send
             self.sent_bytes["control"] += len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
@@ -106,6 +112,9 @@ class _Abort:
 TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA = 11, 12, 13
 DEFAULT_CHUNK_BYTES = 2 << 20
 DEFAULT_WINDOW = 2
+BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI copies inside its calls)
+WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
+IDLE_MAX_S = 0.001  # longest pause between probes for incoming messages when nothing is in flight
 
 
 class MpiTransport(Transport):
@@ -132,6 +141,7 @@ class MpiTransport(Transport):
         self._active: collections.deque = collections.deque()  # data pieces of the KV message being sent
         self._types: dict[tuple, object] = {}  # committed strided datatypes, by (rows, row bytes, stride)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by send(): something to push
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"mpi-progress-{self.rank}", daemon=True)
         self._thread.start()
@@ -146,6 +156,7 @@ class MpiTransport(Transport):
             return
         with self._lock:
             (self._kv if getattr(msg, "bulk", False) and self.priority else self._ctrl).append((dst, msg))
+        self._wake.set()
 
     def recv(self, timeout: float | None = None):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -176,19 +187,27 @@ class MpiTransport(Transport):
                 break
             time.sleep(0.001)
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         for t in self._types.values():
             t.Free()
 
     # -- progress thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        pause = BUSY_POLL_S
         try:
             while not self._stop.is_set():
                 busy = self._poll_incoming()
                 busy |= self._push_outgoing()
                 busy |= self._reap_sends()
-                if not busy:  # nothing moved: yield the core (MPI copies in the calls, so poll soon)
-                    time.sleep(0.0002 if not (self._send_reqs or self._recv_reqs) else 0.00002)
+                if busy:
+                    pause = BUSY_POLL_S
+                    continue
+                # Nothing moved: back off (a rank spinning here takes the core its peer needs to read
+                # and copy), the longer the less is in flight; a local send wakes us at once.
+                pause = min(2 * pause, WAIT_MAX_S if self._send_reqs or self._recv_reqs else IDLE_MAX_S)
+                if self._wake.wait(pause):
+                    self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - surfaced to the host thread on its next call
             self._error = e
 

@@ -1,18 +1,20 @@
-"""Data-plane invariants: receive buffers are reused only when nothing holds them; a request's
-layer-major host buffer reads, writes and views exactly as the Full Blocks it stands for; the MPI
-transport delivers every array bit-exact; control traffic is counted in bytes."""
+"""Data-plane invariants: receive buffers are reused only when nothing holds them; host buffers are
+page-aligned, so a CPU device takes a layer without a copy; a request's layer-major host buffer
+reads, writes and views exactly as the Full Blocks it stands for; both transports deliver every
+array bit-exact; control traffic is counted in bytes."""
 
 import os
 import pickle
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 import kvstore as kv
 import models
-from dualjax.runtime.buffers import BufferPool, RequestKV
+from dualjax.runtime.buffers import ALIGN, BufferPool, RequestKV, aligned_empty
 from dualjax.runtime.launch import mpiexec
 from dualjax.runtime.messages import LayerKV, Ready
 from dualjax.runtime.store import layout_for
@@ -37,6 +39,26 @@ def test_pool_keeps_at_most_its_budget():
     pool = BufferPool(keep_bytes=1 << 20)
     held = [pool.take(600_000) for _ in range(3)]
     assert pool.pooled <= 1 << 20 and all(h.size == 600_000 for h in held)
+
+
+def test_pool_buffers_are_page_aligned_and_copies_exact(rng):
+    pool = BufferPool()
+    a = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    c = pool.copy(a)
+    assert c.ctypes.data % ALIGN == 0 and np.array_equal(c, a) and c.dtype == a.dtype and not np.shares_memory(a, c)
+    assert all(pool.take(n).ctypes.data % ALIGN == 0 for n in (1, 100_000, 3 << 20))
+    assert pool.copy(a[:0]).shape == (0, 5, 7)
+
+
+def test_a_layer_of_a_request_buffer_goes_to_a_cpu_device_uncopied():
+    lay = layout_for(models.get_config("small"))  # layer bytes a multiple of 64: every layer stays aligned
+    rkv = RequestKV(lay, 3 * lay.block_tokens)
+    assert rkv.by_layer.ctypes.data % ALIGN == 0 and not rkv.by_layer.any()
+    layer = rkv.layer(1, 2 * lay.block_tokens)
+    assert layer.ctypes.data % 64 == 0
+    if jax.default_backend() == "cpu":
+        assert np.shares_memory(np.asarray(jax.device_put(layer)), layer)
+    assert aligned_empty(10).ctypes.data % ALIGN == 0
 
 
 @pytest.fixture
@@ -77,12 +99,15 @@ def test_store_reads_land_bit_exact_in_the_layer_major_buffer(tmp_path, tiny_lay
     nic.close()
 
 
-def test_inproc_transport_counts_control_in_bytes():
-    t = InProcFabric(2).transport(0)
+def test_inproc_transport_counts_control_in_bytes_and_copies_kv():
+    fabric = InProcFabric(2)
+    t, kv = fabric.transport(0), np.arange(5 * 2 * 2 * 4, dtype=np.float32).reshape(5, 2, 2, 4)
     t.send(1, Ready(3))
-    t.send(1, LayerKV(3, 0, 0, np.zeros((5, 2, 2, 4), np.float32)))
+    t.send(1, LayerKV(3, 0, 0, kv[:, ::-1]))  # not contiguous
     assert t.sent_bytes["control"] == len(pickle.dumps(Ready(3), protocol=pickle.HIGHEST_PROTOCOL))
     assert t.sent_bytes["kv"] == 5 * 2 * 2 * 4 * 4
+    got = [fabric.transport(1).recv(timeout=1)[1] for _ in range(2)]
+    assert np.array_equal(got[1].kv, kv[:, ::-1]) and not np.shares_memory(got[1].kv, kv)
 
 
 def test_mpi_transport_delivers_every_array_bit_exact():
