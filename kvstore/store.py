@@ -1,33 +1,35 @@
-"""The KV block store: Full Blocks in TensorStore segments, named by chained content hashes.
+"""The KV block store: Full Blocks in segment files, named by chained content hashes.
 
-On-disk format, version 2, under one TensorStore kvstore (a local directory by default,
-`memory://` in tests, any TensorStore kvstore by changing the spec):
+On-disk format, version 2 (docs/store.md describes it byte by byte), under one TensorStore
+kvstore (a local directory by default, `memory://` in tests, any TensorStore kvstore by spec):
 
 * `dualjax_store.json`: format, version, layout, fingerprint and `segment_slots` S. A store
   refuses another fingerprint, and a store of another format version, naming both;
 * `data/`: a zarr3 array `[slots, L, T, *record]` chunked in **segments** of S consecutive slots.
-  A segment is one shard file (`data/<slot // S>.0.0...`) whose inner chunks are Layer Blocks,
-  its shard index (S·L little-endian (offset, length) pairs) at the start. A put writes its new
-  blocks into fresh segments, so one file holds up to S blocks of one put; a read fetches whole
-  blocks or only some layers (layer-major loading) as byte ranges, memory-mapped on local disks
-  and copied once, straight into the caller's host buffer;
-* `index/<hash>`: one entry per block, written *after* its segment's data, so a block becomes
-  visible only once completely written: magic `DJIX4`, slot (<i8), parent hash (16 bytes), n
-  (<u2), one XXH3-64 (<u8) per Layer Block, T token ids (<i4), the n block hashes of its segment
-  (16 bytes each) and an XXH3-64 (<u8) of all the bytes before it. A read checks each Layer Block
-  it fetched against its checksum, the entry against its own checksum, and re-hashes (parent,
-  tokens), which must give the key back.
+  A segment is one file (`data/<slot // S>.0.0...`, a zarr3 shard): its shard index (S·L
+  little-endian (offset, length) pairs), then its blocks' Layer Blocks in slot, layer order. A put
+  writes its new blocks into fresh segments, so one file holds up to S blocks of one put;
+* `index/<hash>`: the block's segment's **entry file** (magic `DJIX5`, n, the n block hashes, per
+  block its slot, parent hash, one XXH3-64 per Layer Block and its token ids, then an XXH3-64 of
+  all of it), one per segment, linked once per block (a copy per key where links do not exist)
+  only after the segment file is in place: a block is visible only once completely written.
+  A read checks the entry's checksum, re-hashes (parent, tokens), which must give the key back,
+  and checks each Layer Block it fetched against its checksum.
 
-Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, so
-processes writing one directory never collide and need no coordination (nor file locks: every
-segment has one writer, and an index entry's content is fixed by its hash). A block that is
-corrupt, truncated or missing reads as a miss (never wrong bytes); `get_prefix` stops at the
-first one, and the bad block's whole segment is dropped (the next put writes its blocks again).
-A store is a cache: `cache()` turns a failed write (disk full, I/O error, permission) into blocks
-not cached, logged once per cause and counted. With a byte budget, eviction frees whole
-segments: least recently used first (reading a block makes its whole segment recent), index
-entries first, then the file; never a segment holding a block this process is reading, and a
-budget exceeded because of such a block is restored when its read ends. A block another process
+On a local directory, files are written with one `writev` to a temp file and renamed (no copy of
+the caller's arrays), and read with `preadv` straight into the caller's buffer on reader threads
+while the caller verifies what has landed; other kvstores go through TensorStore.
+
+Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
+every put starts a fresh segment, so processes writing one directory never collide and need no
+coordination (nor locks: every file has one writer, and an entry's content is fixed by its
+blocks). A block that is corrupt, truncated or missing reads as a miss (never wrong bytes);
+`get_prefix` stops at the first one, and the bad block's whole segment is dropped (the next put
+writes its blocks again). A store is a cache: `cache()` turns a failed write (disk full, I/O
+error, permission) into blocks not cached, logged once per cause and counted. With a byte budget,
+eviction frees whole segments, least recently used first (reading a block makes its segment
+recent), entries first, then the file; never a segment holding a block this process is reading,
+and a budget exceeded because of one is restored when that read ends. A block another process
 evicts under a reader reads as a miss.
 """
 
@@ -288,8 +290,10 @@ class BlockStore:
         want = {"format": "dualjax-kvstore", "version": FORMAT_VERSION, "fingerprint": self.layout.fingerprint(),
                 "layout": self.layout.to_json(), "segment_slots": segment_slots(self.layout)}
         got = self.kv.read(MANIFEST).result()
+        stray = self.kv.list().result() if got.state == "missing" else []
+        if stray:  # another process may have created the store since
+            got = self.kv.read(MANIFEST).result()
         if got.state == "missing":
-            stray = self.kv.list().result()
             if stray:
                 raise StoreError(f"{self.kv.spec().to_json()} is not a dualjax store (no {MANIFEST}, but it holds "
                                  f"{len(stray)} keys, e.g. {stray[0]!r}); point --store at an empty or dualjax "

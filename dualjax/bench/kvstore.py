@@ -3,12 +3,13 @@
     dualjax bench kvstore --json FILE [--dir DIR] [--quick]
 
 Reads: Full Blocks fetched in random order through one `BlockStore.get` (and layer-major, one
-`get` per layer), versus `numpy.fromfile` of one file with the same bytes; both from the page
-cache after a warm-up, in interleaved trials (median). Writes at equal durability: `BlockStore.put`
-of 8 blocks at a time (each block visible atomically) versus `tofile` to a temp file and a rename,
-with no fsync on either side, and with fsync on both. Cap: reads through a capped `StorageNIC`.
-Also reads of alternative on-disk formats (one `file` key per block, OCDBT) so the format choice is
-measured, not assumed.
+`get` per layer), every Layer Block checksum-verified, versus `numpy.fromfile` of one file with the
+same bytes; both from the page cache after a warm-up, in interleaved trials (median). Writes at
+equal durability: `BlockStore.put` of 8 blocks at a time (one segment file per put; each block
+visible atomically, only once complete) versus `tofile` to a temp file and a rename, with no fsync
+on either side, and with fsync on both. Cap: reads through a capped `StorageNIC`. Also reads of
+alternative TensorStore formats (zarr3 chunk per block, one `file` key per block, OCDBT) so the
+format choice is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> 
     """Interleaved trials (disk writes here swing several-fold between runs) at equal durability:
     store puts of 8 blocks (each block visible atomically) into a fresh directory against one raw
     file of the same bytes made visible by rename; neither fsyncs (`write_vs_raw`), or both do
-    (`write_fsync_vs_raw`: the store fsyncs every file, the raw write its one file); medians."""
+    (`write_fsync_vs_raw`: the store fsyncs every segment file, the raw write its one file); medians."""
     times: dict[str, list[float]] = {"write_gbps": [], "write_fsync_gbps": [], "raw_write_gbps": [],
                                      "raw_write_fsync_gbps": []}
     for t in range(trials):
@@ -152,7 +153,7 @@ def cap_figures(layout: kv.BlockLayout, n: int, workdir: str, cap_mbps: float) -
 
 
 def _zarr3_spec(layout: kv.BlockLayout, path: str, checksum: bool, sharded: bool) -> dict:
-    md = kv.store._zarr_metadata(layout)
+    md = kv.store._zarr_metadata(layout, 1)
     inner = [{"name": "bytes", "configuration": {"endian": "little"}}] + ([{"name": "crc32c"}] if checksum else [])
     if sharded:  # the block is a shard; its inner chunks are Layer Blocks, each with its own checksum
         inner = [{"name": "sharding_indexed", "configuration": {
@@ -206,8 +207,9 @@ def main(argv=None) -> dict:
     n_small, n_big, trials = (64, 4, 3) if args.quick else (256, 16, 7)
     with tempfile.TemporaryDirectory(dir=args.dir or os.getcwd(), prefix=".bench-kvstore-") as workdir:
         log.info("reads: %d x %d KiB blocks (small)", n_small, small.block_bytes // 1024)
-        result = {"benchmark": "kvstore", "format": "zarr3, one shard per block with Layer Block chunks; XXH3-64 "
-                  "checksum per layer, parent and tokens in a per-block index entry",
+        result = {"benchmark": "kvstore", "format": f"store format {kv.FORMAT_VERSION}: segment files (zarr3 shards "
+                  "of up to S blocks, Layer Block chunks), one per put; XXH3-64 per Layer Block, parent and tokens "
+                  "in one entry file per segment, linked as index/<hash>",
                   **read_figures(small, n_small, workdir, trials)}
         log.info("writes")
         result.update(write_figures(small, n_small, workdir, trials))
@@ -219,15 +221,18 @@ def main(argv=None) -> dict:
         result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials)
         result["qwen2.5-32b"]["other_formats_read_gbps"] = format_figures(big, n_big, workdir, trials)
     result["notes"] = (
-        "Same disk, same run, page cache warm; medians of interleaved trials. Store reads: one batched TensorStore "
-        "read per request (read_*) or per layer (read_layer_major_*), into a preallocated host buffer as the "
-        "runtime's PE/DE buffers; every Layer Block's XXH3 checksum and every index entry's hash verified; "
-        "np.fromfile allocates. Writes at equal durability: each store block and the raw file become visible "
-        "atomically (rename); write_vs_raw with no fsync on either side, write_fsync_vs_raw with fsync on both (the "
-        "store fsyncs every file). other_formats_read_gbps: zarr3 variants read into the same buffer; file/ocdbt "
-        "values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; nothing else is "
-        "emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), which a loaded "
-        "machine distorts far less than wall time.")
+        "Same disk, same run, page cache warm; medians of interleaved trials. Store reads: one get per request "
+        "(read_*) or per layer (read_layer_major_*), preads of each segment's consecutive blocks on reader threads "
+        "straight into a preallocated host buffer as the runtime's PE/DE buffers, checked as they land: every Layer "
+        "Block's XXH3 checksum and every index entry (its XXH3 and the hash of parent and tokens) verified; "
+        "np.fromfile allocates its buffer. Writes at equal durability: each store block and the raw file become "
+        "visible atomically (rename; a block only once its segment file is complete); write_vs_raw with no fsync "
+        "on either side, write_fsync_vs_raw with fsync on both (the store fsyncs every segment file before its "
+        "blocks' index entries appear; entries are not fsynced: one lost to a power cut is a miss). "
+        "other_formats_read_gbps: TensorStore formats read into the same buffer; zarr3 variants with one chunk per "
+        "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
+        "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "
+        "which a loaded machine distorts far less than wall time.")
     emit(result, args.json)
     return result
 
