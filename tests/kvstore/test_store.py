@@ -76,6 +76,32 @@ def test_round_trip_is_bit_exact(tmp_path, dtype):
     assert layout.np_dtype == (np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
 
 
+def test_one_put_is_one_segment_file_and_one_entry_file_linked_per_block(tmp_path, store):
+    ids, blocks = _chain(5), _blocks(5)
+    store.put(ids[:3], blocks[:3])
+    store.put(ids[3:], blocks[3:])
+    data = [f for f in os.listdir(tmp_path / "store" / "data") if f != "zarr.json"]
+    entries = [os.stat(tmp_path / "store" / "index" / b.hash) for b in ids]
+    assert len(data) == 2 and not [f for f in os.listdir(tmp_path / "store" / "index") if f.endswith(".tmp")]
+    assert len({e.st_ino for e in entries[:3]}) == 1 and entries[0].st_nlink == 3 and entries[3].st_nlink == 2
+    S, L = store.slots_per_segment, LAYOUT.n_layers
+    path, offset = _block_in_file(tmp_path, store, ids[4].hash)
+    assert os.path.getsize(path) == S * L * 16 + 2 * LAYOUT.block_bytes
+    raw = np.fromfile(path, np.uint8)
+    np.testing.assert_array_equal(raw[offset:offset + LAYOUT.block_bytes].view(np.float32).reshape(LAYOUT.full_shape),
+                                  blocks[4])
+
+
+def test_a_put_of_more_than_a_segment_writes_several(tmp_path, store):
+    n = store.slots_per_segment + 6
+    ids, blocks = _chain(n), _blocks(n)
+    assert store.put(ids, blocks) == n
+    assert len([f for f in os.listdir(tmp_path / "store" / "data") if f != "zarr.json"]) == 2
+    fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)
+    np.testing.assert_array_equal(np.stack(fresh.get_prefix([b.hash for b in ids])), blocks)
+    fresh.close()
+
+
 def test_reopen_restores_index_and_put_twice_is_harmless(tmp_path):
     spec = kv.local_spec(tmp_path / "s")
     ids, blocks = _chain(3), _blocks(3)

@@ -140,3 +140,14 @@ def test_a_full_filesystem_fails_writes_not_the_store(tmp_path):
     assert 0 < sum(out["stored"]) < 20 and out["write_failures"] == 20 - sum(out["stored"])
     assert out["exact"] and out["read"] == out["stored"].index(0)
     assert proc.stderr.count("KV store write failed (ENOSPC)") == 1  # logged once
+
+
+def test_temp_files_of_a_killed_writer_are_never_read(tmp_path):
+    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(2)
+    with kv.BlockStore(spec, LAYOUT) as s:
+        s.put(ids, blocks)
+    (tmp_path / "s" / "index" / "5.0.0.0.0.0.entries.123-4.tmp").write_bytes(b"DJIX5 partial")
+    (tmp_path / "s" / "data" / "5.0.0.0.0.0.123-4.tmp").write_bytes(b"partial")
+    with kv.BlockStore(spec, LAYOUT) as s:
+        assert s.stats()["blocks"] == 2 and s.stats()["bad_blocks"] == 0
+        np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), blocks)
