@@ -62,16 +62,16 @@ class BlockRead:
             return None
         slot, sums = self.entry
         try:
-            failed = self.fut.result() or {}  # local reads: {slot: why}
+            failed = self.fut.result()  # local reads: {slot: why}, checksums checked by the reader thread
         except ValueError:  # a TensorStore read of the batch failed: read this one alone to see whether it did
-            sel, failed = slice(self.layers.start, self.layers.stop), {}
+            sel, failed = slice(self.layers.start, self.layers.stop), None
             try:
                 ts.array(self.row, copy=False)[sel].write(self.store.array[slot, sel]).result()
             except ValueError as e:  # NOT_FOUND (missing), FAILED_PRECONDITION (truncated)
                 return self._bad(str(e).splitlines()[0][:200])
-        if slot in failed:
+        if failed is not None and slot in failed:
             return self._bad(failed[slot])
-        for layer in self.layers:
+        for layer in self.layers if failed is None else ():
             if xxhash.xxh3_64_intdigest(self.row[layer]) != sums[layer]:
                 return self._bad(f"checksum mismatch in layer {layer}")
         counters["layer_blocks_read"] += len(self.layers)

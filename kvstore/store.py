@@ -215,13 +215,18 @@ class _View:
         self.lru: collections.OrderedDict[str, None] = collections.OrderedDict((k, None) for k in keys)
         self.pins: collections.Counter[str] = collections.Counter()
         self.segments: dict[str, tuple[int, tuple[str, ...]]] = {}  # block -> (segment, its blocks)
-        self.stores: weakref.WeakSet[BlockStore] = weakref.WeakSet()  # whose budgets a released pin checks
+        self.budgeted: weakref.WeakSet[BlockStore] = weakref.WeakSet()  # stores with a budget: a released pin checks
 
-    def touch(self, h: str) -> None:
-        """Make `h`'s whole segment most recently used."""
-        for m in self.segments.get(h, (None, (h,)))[1]:
-            if m in self.lru:
-                self.lru.move_to_end(m)
+    def touch(self, hashes: list[str]) -> None:
+        """Make the whole segments of `hashes` most recently used, in order."""
+        done: set[str] = set()
+        for h in hashes:
+            if h in self.lru and h not in done:
+                members = self.segments.get(h, (None, (h,)))[1]
+                for m in members:
+                    if m in self.lru:
+                        self.lru.move_to_end(m)
+                done.update(members)
 
 
 _VIEWS: weakref.WeakValueDictionary[str, _View] = weakref.WeakValueDictionary()
@@ -261,7 +266,6 @@ class BlockStore:
         self._writer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-write")
         self._reader_pool = concurrent.futures.ThreadPoolExecutor(_READERS, thread_name_prefix="kvstore-read")
         self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
-        self._view.stores.add(self)
         self._lock = self._view.lock
         self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) verified here
         self._writer, self._counter = _new_writer(), 0
@@ -331,6 +335,11 @@ class BlockStore:
             raise StoreError(f"store budget {capacity_bytes} B is smaller than one block "
                              f"({self.layout.block_bytes} B); raise --store-gb or free disk space", "budget")
         self.capacity_bytes = capacity_bytes
+        with self._lock:
+            if capacity_bytes is None:
+                self._view.budgeted.discard(self)
+            else:
+                self._view.budgeted.add(self)
 
     # -- writing -------------------------------------------------------------------------------
     def _segment_cap(self) -> int:
@@ -573,8 +582,8 @@ class BlockStore:
         with self._lock:
             for h in hashes:
                 self._view.pins[h] += 1
-                if touch and h in self._view.lru:
-                    self._view.touch(h)
+            if touch:
+                self._view.touch(hashes)
 
     def _unpin(self, h: str) -> None:
         """Release one pin. Releasing the last one evicts down to the budget of every store on this
@@ -585,7 +594,7 @@ class BlockStore:
             if self._view.pins[h] > 0:
                 return
             del self._view.pins[h]
-            stores = [s for s in self._view.stores if s.capacity_bytes is not None]
+            stores = list(self._view.budgeted) if self._view.budgeted else ()
         for store in stores:
             store._evict_for(0)
 
@@ -609,38 +618,40 @@ class BlockStore:
         per = max(1, _READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)))
         for g in range(0, len(rows), per):  # a few large reads, all in flight: the first verifies while the rest land
             group = rows[g:g + per]
-            fut = self._read_rows(out, group, [entries[i][0] for i in group], slice(layers.start, layers.stop))
+            fut = self._read_rows(out, group, [entries[i] for i in group], slice(layers.start, layers.stop))
             for i in group:
                 futs[i] = fut
         return [BlockRead(self, h, out[i], futs[i], layers, e) for i, (h, e) in enumerate(zip(hashes, entries))]
 
-    def _read_rows(self, out: np.ndarray, rows: list[int], slots: list[int], sel: slice):
-        """Start reading blocks `slots` (layers `sel`) into rows `rows` of `out`: on a local
-        directory a reader thread preads them straight into `out`, one call per run of
-        consecutive slots of a segment (its future gives {slot: why} for blocks it could not
-        read); elsewhere one TensorStore read (its future raises when any block failed)."""
+    def _read_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice):
+        """Start reading the blocks of `entries` (layers `sel`) into rows `rows` of `out`: on a
+        local directory a reader thread preads them straight into `out`, one call per run of
+        consecutive slots of a segment, and checks their checksums (its future gives {slot: why}
+        for blocks that failed); elsewhere one TensorStore read (its future raises when any block
+        failed; the caller checks checksums)."""
         if self._root is None or not out.flags.c_contiguous:
             dst = ts.array(out, copy=False)
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
-            return dst.write(self.array[np.array(slots, np.int64), sel])
-        return self._reader_pool.submit(self._pread_rows, out, rows, slots, sel)
+            return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
+        return self._reader_pool.submit(self._pread_rows, out, rows, entries, sel)
 
-    def _pread_rows(self, out: np.ndarray, rows: list[int], slots: list[int], sel: slice) -> dict[int, str]:
+    def _pread_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice) -> dict[int, str]:
         """Read blocks from their segment files at the offsets this store writes them at (after
-        the shard index, in slot, layer order); returns {slot: why} for those it could not read
-        (missing file, short file, I/O error). Their checksums are checked by the caller."""
-        S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
+        the shard index, in slot, layer order) and check each Layer Block read against its
+        checksum; returns {slot: why} for blocks that failed (missing file, short file, I/O
+        error, checksum mismatch)."""
+        S, L = self.slots_per_segment, self.layout.n_layers
         failed: dict[int, str] = {}
         by_segment = collections.defaultdict(list)
-        for slot, row in sorted(zip(slots, rows)):
-            by_segment[slot // S].append((slot, row))
+        for (slot, sums), row in sorted(zip(entries, rows), key=lambda x: x[0][0]):
+            by_segment[slot // S].append((slot, row, sums))
         whole = sel.stop - sel.start == L
         for segment, items in by_segment.items():
             path = os.path.join(self._root, "data", self.segment_key(segment))
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError as e:
-                failed.update((slot, f"{path}: {e.strerror}") for slot, _ in items)
+                failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
                 continue
             try:
                 runs = [[items[0]]]
@@ -650,17 +661,26 @@ class BlockStore:
                     else:
                         runs.append([item])
                 for run in runs:
-                    views = [out[row, sel].reshape(-1).view(np.uint8) for _, row in run]
-                    offset = S * L * 16 + (run[0][0] % S * L + sel.start) * lb
-                    try:
-                        got = os.preadv(fd, views, offset)
-                    except OSError as e:
-                        got, why = 0, f"{path}: {e.strerror}"
-                    else:
-                        why = f"{path} is truncated"
-                    failed.update((slot, why) for slot, _ in run[got // len(views[0]):])
+                    failed.update(self._pread_run(fd, path, out, run, sel))
             finally:
                 os.close(fd)
+        return failed
+
+    def _pread_run(self, fd: int, path: str, out: np.ndarray, run: list, sel: slice) -> dict[int, str]:
+        """One preadv of consecutive blocks (layers `sel`) into their rows, then their checksums."""
+        S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
+        views = [out[row, sel] for _, row, _ in run]
+        offset = S * L * 16 + (run[0][0] % S * L + sel.start) * lb
+        try:
+            whole = os.preadv(fd, [v.reshape(-1).view(np.uint8) for v in views], offset) // views[0].nbytes
+        except OSError as e:
+            return {slot: f"{path}: {e.strerror}" for slot, _, _ in run}
+        failed = {slot: f"{path} is truncated" for slot, _, _ in run[whole:]}
+        for (slot, _, sums), view in zip(run[:whole], views):
+            bad = [sel.start + i for i, layer in enumerate(view)
+                   if xxhash.xxh3_64_intdigest(layer) != sums[sel.start + i]]
+            if bad:
+                failed[slot] = f"checksum mismatch in layer {bad[0]}"
         return failed
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
