@@ -75,17 +75,20 @@ def main(argv=None) -> dict:
         cfg = base.replace(out=os.path.join(args.out, name), **changes)
         t0 = time.time()
         r = run_embedded(cfg, progress=False)
-        walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0}
-        log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f", name, r["jct_s"],
-                 walls[name]["wall_s"], r["paths"],
-                 None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r))
+        peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
+        walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0, "rows_per_pass": rows_per_pass(r),
+                       "pe_buffer_peak_mb": peak / 1e6}
+        log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f  PE buffer peak %.1f MB",
+                 name, r["jct_s"], walls[name]["wall_s"], r["paths"],
+                 None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r),
+                 walls[name]["pe_buffer_peak_mb"])
         return r
 
     # The control's own configuration first: it compiles the pass shapes the compute-bound control
     # meets, so the control then times compute, not compilation (the capped runs hide the few new ones).
     run("warmup", policy="basic")
     control = run(CONTROL, policy="basic")  # this machine's measure, compile-free
-    measure = dict(walls)
+    measure = {n: dict(w) for n, w in walls.items()}
     k = args.storage_factor
     planned, essential = _planned(args.quick, args.hbm)
     preset_agents = base.agents or get_workload(base.workload).agents
@@ -101,9 +104,10 @@ def main(argv=None) -> dict:
     log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
              cap / 1e6, hit_bytes / 1e6, k)
     jct, balance, balance_all, rows, reports, overran = {}, {}, {}, {}, [], [1.0]
-    skipped = {_name(r): "left out: the warm-up's measure predicts it would end past --max-wall-s" for r in left_out}
+    skipped = {_name(r): "left out: predicted from the control (measured after the warm-up) to end past "
+                         "--max-wall-s after the essential runs" for r in left_out}
     hbm_mb = _hbm_budget_mb(base)
-    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {},
+    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {}, "pe_buffer_peak_mb": {},
            "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
                    "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
     for spec in runs:
@@ -122,6 +126,7 @@ def main(argv=None) -> dict:
         if budget:
             hbm["jct_s"][policy] = r["jct_s"]
             hbm["rows_per_pass"][policy] = rows_per_pass(r)
+            hbm["pe_buffer_peak_mb"][policy] = walls[name]["pe_buffer_peak_mb"]
             continue
         jct.setdefault(cluster, {})[policy] = r["jct_s"]
         balance.setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
@@ -185,7 +190,7 @@ def _reads_into(policy: str, budget_mb: float | None) -> dict:
     """Basic under a PE memory budget reads its hit KV straight into device memory (docs/paper.md §5), so
     the budget bounds its reads in flight too: its PE buffer is the budget. Layerwise reads land in host
     DRAM (the PE buffer as usual) and the budget holds only the two layers being computed."""
-    return {"pe_buffer_mb": budget_mb} if budget_mb and policy == "basic" else {}
+    return {"pe_buffer_mb": budget_mb * 1e6 / 2**20} if budget_mb and policy == "basic" else {}  # MB -> MiB
 
 
 def _name(run: tuple) -> str:
