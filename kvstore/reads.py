@@ -19,8 +19,10 @@ class BlockRead:
     """
 
     def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, entry: tuple[int, np.ndarray] | None):
-        """`fut`: the read that fills `row` (shared by the blocks of one `get`), None for a miss;
-        `entry`: (slot, per-layer checksums) from the block's index entry."""
+        """`fut`: the read that fills `row` (shared by a group of blocks of one `get`), None for a
+        miss: a local read's future gives {slot: why} for its blocks that failed, checksums
+        included; a TensorStore read's raises when any of its blocks failed. `entry`: (slot,
+        per-layer checksums) from the block's index entry."""
         self.store, self.hash, self.row, self.fut, self.layers, self.entry = store, h, row, fut, layers, entry
         self._outcome: np.ndarray | None | bool = False  # False: not collected yet
 

@@ -18,7 +18,7 @@ kvstore (a local directory by default, `memory://` in tests, any TensorStore kvs
 
 On a local directory, files are written with one `writev` to a temp file and renamed (no copy of
 the caller's arrays), and read with `preadv` straight into the caller's buffer on reader threads
-while the caller verifies what has landed; other kvstores go through TensorStore.
+that verify each Layer Block as it lands; other kvstores go through TensorStore.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
 every put starts a fresh segment, so processes writing one directory never collide and need no
