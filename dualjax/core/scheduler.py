@@ -13,17 +13,18 @@ global FIFO queue; policies see plain `EngineView` snapshots:
 * Read path: the policy decides (DualPath: the side whose node has the shorter read queue).
 
 alpha = tokens a storage NIC reads in 3 s, beta = tokens an engine prefills in 5 s, both from
-profiled rates. Requests are placed one at a time in FIFO order; a request that fits nowhere
-stops the round (no overtaking), as in the paper.
+profiled rates. Requests are placed one at a time in FIFO order; a request whose DE group has
+no memory for it holds up its own group's queue (no overtaking inside a group), not the others'.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict
 
 import numpy as np
 
@@ -83,16 +84,18 @@ class Thresholds:
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
-_OUT = np.iinfo(np.int64).max
 
 
 class Waiting:
-    """The global FIFO of waiting requests, with running sums of their total tokens so that the
-    R lookahead of the DE rule (the longest head that fits a group's free memory) is a bisection."""
+    """The global FIFO of waiting requests (keyed by id, in arrival order), with running sums of their
+    total tokens so that the R lookahead of the DE rule (the longest head that fits a group's free
+    memory) is a bisection. A request leaves from the head (`popleft`) or from anywhere (`discard`:
+    the head of one DE group's queue placed while an earlier request of another group waits), both
+    in constant time."""
 
     def __init__(self, requests=()):
-        self._items: deque[RequestView] = deque()
-        self._sums: list[int] = []  # cumulative total_tokens of every request ever appended
+        self._items: OrderedDict[int, RequestView] = OrderedDict()
+        self._sums: list[int] = []  # cumulative total_tokens of every request appended since the last rebuild
         self._base = 0  # cumulative total before the head
         self._head = 0  # index of the head in _sums
         self.appended = 0  # requests ever appended
@@ -101,30 +104,29 @@ class Waiting:
             self.append(r)
 
     def append(self, r: RequestView) -> None:
-        self._items.append(r)
-        if self._stale:
-            self.appended += 1
-            return
-        self._sums.append((self._sums[-1] if self._sums else 0) + r.total_tokens)
+        if r.id in self._items:
+            raise ValueError(f"request {r.id} is already waiting")
+        self._items[r.id] = r
         self.appended += 1
+        if not self._stale:
+            self._sums.append((self._sums[-1] if self._sums else 0) + r.total_tokens)
 
-    def remove(self, i: int) -> RequestView:
-        """Take the i-th waiting request out (0: the head); the running sums are rebuilt when next needed."""
-        if i == 0 and not self._stale:
-            return self.popleft()
-        r = self._items[i]
-        del self._items[i]
+    def discard(self, r: RequestView) -> None:
+        """Take `r` out of the queue; the running sums are rebuilt when next needed unless it was the head."""
+        if not self._stale and next(iter(self._items)) == r.id:
+            self.popleft()
+            return
+        del self._items[r.id]
         self._stale = True
-        return r
 
     def _rebuild(self) -> None:
-        self._sums = list(itertools.accumulate((x.total_tokens for x in self._items), initial=0))[1:]
+        self._sums = list(itertools.accumulate((x.total_tokens for x in self._items.values()), initial=0))[1:]
         self._base, self._head, self._stale = 0, 0, False
 
     def popleft(self) -> RequestView:
+        r = self._items.popitem(last=False)[1]
         if self._stale:
-            return self.remove(0)
-        r = self._items.popleft()
+            return r
         self._base = self._sums[self._head]
         self._head += 1
         if self._head > 4096 and self._head * 2 > len(self._sums):
@@ -132,14 +134,24 @@ class Waiting:
             self._head = 0
         return r
 
+    def newest(self, n: int) -> list[RequestView]:
+        """The last `n` requests appended that are still waiting, oldest first."""
+        return list(itertools.islice(reversed(self._items.values()), n))[::-1]
+
     def __len__(self) -> int:
         return len(self._items)
 
     def __iter__(self):
-        return iter(self._items)
+        return iter(self._items.values())
 
     def __getitem__(self, i: int) -> RequestView:
-        return self._items[i]
+        """The i-th waiting request (0: the head, constant time; others walk the queue)."""
+        if i == 0 and self._items:
+            return next(iter(self._items.values()))
+        n = len(self._items)
+        if not -n <= i < n:
+            raise IndexError(f"waiting request {i} of {n}")
+        return next(itertools.islice(self._items.values(), i % n, None))
 
     def head_tokens(self, free: float) -> int:
         """Total tokens of the longest head whose total is <= `free`."""
@@ -189,30 +201,44 @@ class Scheduler:
         nodes = sorted({e.node for e in engines})
         self.node_ids = nodes
         self.node_index = {n: i for i, n in enumerate(nodes)}
-        self.node_of = np.array([self.node_index[e.node] for e in engines])
-        self.read_q = np.zeros(len(nodes), np.int64)
+        self.node_of = [self.node_index[e.node] for e in engines]
+        self.read_q = [0] * len(nodes)
         for e in engines:  # engines of a node share its queue
             n = self.node_index[e.node]
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
         pes = [i for i, r in enumerate(self.roles) if r == "prefill"]
         self.pes = _compact(pes)
         self.pe_pos = {i: k for k, i in enumerate(pes)}
-        self.pe_tokens = np.array([self.tokens[i] for i in pes], np.int64)
-        self.pe_nodes = self.node_of[self.pes]
+        self.pe_tokens = [self.tokens[i] for i in pes]
+        self.pe_nodes = [self.node_of[i] for i in pes]
+        self.node_pes: dict[int, list[int]] = {}  # node -> its PEs' positions
+        for k, n in enumerate(self.pe_nodes):
+            self.node_pes.setdefault(n, []).append(k)
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(self.roles):
             if r == "decode":
-                groups.setdefault(int(self.node_of[i]), []).append(i)
+                groups.setdefault(self.node_of[i], []).append(i)
         self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
         self.groups = [_compact(groups[n]) for n in sorted(groups)]
         self.group_tokens = np.array([sum(_take(self.tokens, m)) for m in self.groups], np.int64)
         self._overrides = type(policy).engines is not Policy.engines
-        self._pe_open = int((self.pe_tokens <= thresholds.beta_tokens).sum())  # PEs not over beta
+        self._pe_open = sum(t <= thresholds.beta_tokens for t in self.pe_tokens)  # PEs not over beta
+        # pick_pe's order as a heap of (key, position, version) with stale entries left in it: key = tokens,
+        # plus _C3 while the node's read queue is over alpha; PEs over beta have no valid entry.
+        self._pe_heap: list[tuple[int, int, int]] = []
+        self._pe_version = [0] * len(pes)
+        for k in range(len(pes)):
+            self._pe_push(k)
         self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
         self.group_queues = [Waiting() for _ in self.groups]  # level 1's assignment, FIFO per group
         self.group_queued = np.zeros(len(self.groups), np.int64)  # tokens assigned to a group, not yet placed
-        self.assigned: dict[int, int] = {}  # waiting request id -> its DE group
+        self._order: dict[int, int] = {}  # waiting request id -> its place in the global FIFO
         self._seen = 0  # requests of the waiting queue already given a group
+        # Heap of (order of the head, group) over the groups whose head may be placeable; _in_heads[g]: the
+        # order group g is in the heap with (None: not in it); _pending: groups a DE change may have unblocked.
+        self._heads: list[tuple[int, int]] = []
+        self._in_heads: list[int | None] = [None] * len(self.groups)
+        self._pending: set[int] = set()
         self._rr = [0, 0]  # naive: next PE, next DE (round robin)
         self.de_list = [i for i, r in enumerate(self.roles) if r == "decode"]
 
@@ -220,7 +246,7 @@ class Scheduler:
     def view(self, rank: int) -> EngineView:
         i = self.index[rank]
         return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], self.seq[i], self.tokens[i],
-                          int(self.read_q[self.node_of[i]]), None if self.free[i] == math.inf else self.free[i])
+                          self.read_q[self.node_of[i]], None if self.free[i] == math.inf else self.free[i])
 
     def _views(self) -> tuple[list[EngineView], list[EngineView]]:
         views = [self.view(r) for r in self.ranks]
@@ -234,61 +260,103 @@ class Scheduler:
         before = self.tokens[i]
         self.tokens[i] = after = before + tokens
         if self.roles[i] == "decode":
-            self._de_blocked.pop(self.group_of[i], None)
+            g = self.group_of[i]
+            if self._de_blocked.pop(g, None) is not None:
+                self._pending.add(g)  # its head may fit now: back among the candidates at the next round
             self.free[i] -= tokens
-            self.group_tokens[self.group_of[i]] += tokens
+            self.group_tokens[g] += tokens
         else:
-            self.pe_tokens[self.pe_pos[i]] = after
+            k = self.pe_pos[i]
+            self.pe_tokens[k] = after
             beta = self.th.beta_tokens
             self._pe_open += (after <= beta) - (before <= beta)
+            self._pe_push(k)
+
+    def _pe_push(self, k: int) -> None:
+        """PE position k's key changed: its old heap entry goes stale, a new one goes in (none over beta)."""
+        self._pe_version[k] += 1
+        t = self.pe_tokens[k]
+        if t <= self.th.beta_tokens:
+            key = t if self.read_q[self.pe_nodes[k]] <= self.th.alpha_tokens else t + _C3
+            heapq.heappush(self._pe_heap, (key, k, self._pe_version[k]))
+        if len(self._pe_heap) > 4 * len(self._pe_version) + 64:  # drop the stale entries
+            self._pe_heap = [e for e in self._pe_heap if e[2] == self._pe_version[e[1]]]
+            heapq.heapify(self._pe_heap)
 
     def set_read_queue(self, node: int, tokens: int) -> None:
-        self.read_q[self.node_index[node]] = tokens
+        self._set_read_q(self.node_index[node], tokens)
+
+    def _set_read_q(self, n: int, tokens: int) -> None:
+        """Node n's read queue; its PEs' keys change when it crosses alpha."""
+        alpha = self.th.alpha_tokens
+        over = self.read_q[n] > alpha
+        self.read_q[n] = tokens
+        if (tokens > alpha) != over:
+            for k in self.node_pes.get(n, ()):
+                self._pe_push(k)
 
     def read_queue(self, node: int) -> int:
-        return int(self.read_q[self.node_index[node]])
+        return self.read_q[self.node_index[node]]
 
     # -- placement ---------------------------------------------------------------------------------
     def schedule(self, waiting: Waiting) -> list[Decision]:
-        """Take from `waiting` every request that can be placed now: FIFO, except that a request whose
-        DE group has no memory for its group's head waits without holding up the other groups'."""
+        """Take from `waiting` every request that can be placed now, in FIFO order, except that a request
+        whose DE group has no memory for it waits without holding up the other groups' (inside a group,
+        no overtaking); no PE under beta stops the round. Only the heads of the groups' queues are
+        candidates, taken in FIFO order from a heap, so a round costs its placements and the groups
+        that changed, not the length of the queue."""
         if self.naive:
             return self._schedule_naive(waiting)
         self._assign_groups(waiting)
-        out, blocked, i = [], set(), 0
-        while i < len(waiting) and len(blocked) < len(self.groups):
-            r = waiting[i]
-            g = self.assigned[r.id]
-            if g in blocked:
-                i += 1
+        for g in self._pending:
+            self._push_head(g)
+        self._pending.clear()
+        out, heads, pe = [], self._heads, None  # pe: pick_pe's answer until the state changes (it ignores r)
+        while heads:
+            order, g = heads[0]
+            if self._in_heads[g] != order:  # an old entry of a group placed or blocked since
+                heapq.heappop(heads)
                 continue
+            queue = self.group_queues[g]
+            r = queue[0]
             forced = self.policy.engines(r, *self._views()) if self._overrides else None
-            pe = forced[0] if forced else self.pick_pe(r)
-            if pe is None:
-                break
-            de = forced[1] if forced else self.pick_de(r, self.group_queues[g], g)
-            if de is None:
-                blocked.add(g)
-                i += 1
+            if not forced and pe is None:
+                pe = self.pick_pe(r)
+                if pe is None:
+                    break
+            heapq.heappop(heads)
+            self._in_heads[g] = None
+            de = forced[1] if forced else self.pick_de(r, queue, g)
+            if de is None:  # blocked until one of its DEs changes (`update`)
                 continue
-            waiting.remove(i)
-            self.group_queues[g].popleft()  # r heads its group's queue: nothing of the group was skipped
+            waiting.discard(r)
+            queue.popleft()
             self.group_queued[g] -= r.total_tokens
-            del self.assigned[r.id]
-            out.append(self._decide(r, pe, de))
+            del self._order[r.id]
+            out.append(self._decide(r, forced[0] if forced else pe, de))
+            pe = None
+            self._push_head(g)
         return out
+
+    def _push_head(self, g: int) -> None:
+        """Make group g's head a candidate (once)."""
+        queue = self.group_queues[g]
+        if queue and self._in_heads[g] is None:
+            order = self._order[queue[0].id]
+            self._in_heads[g] = order
+            heapq.heappush(self._heads, (order, g))
 
     def _assign_groups(self, waiting: Waiting) -> None:
         """Level 1: each request that joined the queue since the last round goes to the DE group with the
         smallest total tokens, those already queued for it included."""
         new = waiting.appended - self._seen
-        self._seen = waiting.appended
-        for k in range(len(waiting) - new, len(waiting)):
-            r = waiting[k]
+        for k, r in enumerate(waiting.newest(new) if new else (), start=self._seen):
             g = int((self.group_tokens + self.group_queued).argmin())  # ties: the lowest node
-            self.assigned[r.id] = g
+            self._order[r.id] = k
             self.group_queued[g] += r.total_tokens
             self.group_queues[g].append(r)
+            self._push_head(g)
+        self._seen = waiting.appended
 
     def _decide(self, r: RequestView, pe: int, de: int) -> Decision:
         path = self.policy.path(r, self.view(pe), self.view(de))
@@ -296,7 +364,8 @@ class Scheduler:
             raise ValueError(f"policy {self.policy.name!r} chose path {path!r}; a path is 'pe' or 'de'")
         self.update(pe, 1, r.prompt_tokens)
         self.update(de, 1, r.total_tokens)
-        self.read_q[self.node_of[self.index[pe if path == "pe" else de]]] += r.hit_tokens
+        n = self.node_of[self.index[pe if path == "pe" else de]]
+        self._set_read_q(n, self.read_q[n] + r.hit_tokens)
         return Decision(r, pe, de, path)
 
     def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
@@ -320,14 +389,14 @@ class Scheduler:
         return out
 
     def pick_pe(self, r: RequestView) -> int | None:
+        """C2 (node read queue <= alpha) before C3, fewest tokens within each, engines over beta out (one
+        key orders them: the heap's); ties: the lowest rank."""
         if not self._pe_open:  # every PE is over beta
             return None
-        t = self.pe_tokens
-        # One key orders C2 before C3 and tokens within each; engines over beta are out.
-        key = t + np.where(self.read_q <= self.th.alpha_tokens, 0, _C3)[self.pe_nodes]
-        key[t > self.th.beta_tokens] = _OUT
-        i = int(key.argmin())  # ties: the lowest rank
-        return None if key[i] == _OUT else self.ranks[_nth(self.pes, i)]
+        heap, version = self._pe_heap, self._pe_version
+        while heap[0][2] != version[heap[0][1]]:
+            heapq.heappop(heap)
+        return self.ranks[_nth(self.pes, heap[0][1])]
 
     def pick_de(self, r: RequestView, queue: Waiting | None = None, group: int | None = None) -> int | None:
         """Level 2 inside `group` (default: the group with the smallest total tokens). `queue`: the group's
@@ -345,5 +414,6 @@ class Scheduler:
         head = queue.head_tokens(sum(free)) if queue is not None else need
         z = 1.05 * (max(head, need) + sum(t)) / len(t)
         under = [i for i in fits if t[i] + need <= z]
-        i = min(under, key=lambda i: (seq[i], i)) if under else min(fits, key=lambda i: (t[i], i))
+        # min keeps the first of equal keys: ties go to the lowest rank
+        i = min(under, key=seq.__getitem__) if under else min(fits, key=t.__getitem__)
         return self.ranks[_nth(members, i)]

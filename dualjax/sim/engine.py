@@ -42,6 +42,9 @@ from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2}
+FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "ttst", "done", "tpot",
+                 "hbm_wait")
+INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts")
 
 
 def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
@@ -91,12 +94,11 @@ class Simulation(PrefillSide, DecodeSide):
         self.waiting = Waiting()
         n = sum(len(a) for a in append)
         self.n_requests = n
-        self.cols = {k: np.full(n, np.nan) for k in ("arrival", "scheduled", "prefill_start", "prefill_end",
-                                                   "first_token", "ttst", "done", "tpot", "hbm_wait")}
-        for k in ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts"):
-            self.cols[k] = np.zeros(n, np.int64)
-        self.context = np.zeros(len(append), np.int64)  # tokens of each agent's conversation so far
-        self.next_turn = np.zeros(len(append), np.int64)
+        # Per-request columns: Python lists while running (a scalar access costs a fraction of a numpy
+        # one, and the arithmetic stays on Python floats), numpy arrays once `run` ends.
+        self.cols = {k: [math.nan] * n for k in FLOAT_COLUMNS} | {k: [0] * n for k in INT_COLUMNS}
+        self.context = [0] * len(append)  # tokens of each agent's conversation so far
+        self.next_turn = [0] * len(append)
         self.next_id = 0
         self.events: list = []
         self.seq = 0
@@ -186,27 +188,27 @@ class Simulation(PrefillSide, DecodeSide):
         if self.completed != self.n_requests:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")
+        self.cols = {k: np.array(v, np.float64 if k in FLOAT_COLUMNS else np.int64) for k, v in self.cols.items()}
         self.wall_s = time.perf_counter() - t_wall
         return self
 
     # -- arrivals and placement --------------------------------------------------------------------
     def _submit(self, agent: int) -> None:
-        k = int(self.next_turn[agent])
-        ctx = int(self.context[agent])
-        prompt = ctx + int(self.append[agent][k])
+        k, ctx = self.next_turn[agent], self.context[agent]
+        prompt, gen = ctx + int(self.append[agent][k]), int(self.gen[agent][k])
         hit = ((ctx - 1) // self.T) * self.T if (k and self.cfg.use_store) else 0
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
             hit = min(int(self.trace.hit[agent][k]), prompt - 1) // self.T * self.T if self.cfg.use_store else 0
-        if prompt + self.gen[agent][k] > self.de_mem:
-            raise SimError(f"agent {agent} turn {k} needs {prompt + self.gen[agent][k]} tokens of KV, more than a "
+        if prompt + gen > self.de_mem:
+            raise SimError(f"agent {agent} turn {k} needs {prompt + gen} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
         rid = self.next_id
         self.next_id += 1
         c = self.cols
         c["agent"][rid], c["turn"][rid], c["prompt_tokens"][rid] = agent, k, prompt
-        c["gen_len"][rid], c["hit_tokens"][rid], c["arrival"][rid] = self.gen[agent][k], hit, self.now
-        self.waiting.append(RequestView(rid, agent, k, prompt, hit, int(self.gen[agent][k])))
+        c["gen_len"][rid], c["hit_tokens"][rid], c["arrival"][rid] = gen, hit, self.now
+        self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen))
         self.dirty = True
 
     def _schedule(self) -> None:

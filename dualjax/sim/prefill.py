@@ -57,6 +57,18 @@ class PeGroup:
             pe.group = self
 
 
+def _ready(rows: list[Row], now: float, layerwise: bool):
+    """The rows a pass may take, in FIFO order: read (t1 <= now), and layerwise also the first row being
+    read (its layers arrive during the pass). Lazy: packing stops at the quota, long before a long queue's end."""
+    first = True
+    for r in rows:
+        if r.t1 is None:
+            continue
+        if r.t1 <= now or (first and layerwise):
+            yield r
+        first = False
+
+
 class PrefillSide:
     """Mixin of `Simulation`: placement onto a PE up to its passes' end."""
 
@@ -66,13 +78,8 @@ class PrefillSide:
 
     def _plan(self, pe: PrefillEngine) -> list:
         """The rows (and tokens) of `pe`'s next pass: ready rows packed under the quota, then cut to HBM."""
-        now = self.now
-        ready = [r for r in pe.rows if r.t1 is not None]
-        ready = [r for i, r in enumerate(ready) if r.t1 <= now or (i == 0 and self.layerwise)]
-        if not ready:
-            return []
-        plan = pack(ready, self.costs, self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk,
-                    padded=self.hw.padded)
+        plan = pack(_ready(pe.rows, self.now, self.layerwise), self.costs, self.cfg.compute_quota_ms / 1e3,
+                    self.cfg.prefill_chunk, padded=self.hw.padded)
         if not self.layerwise:  # Basic rows already hold every layer of their KV in HBM
             return plan
         return fit_memory(plan, pe.hbm.budget, self.kvb, 2, self.model.n_layers)  # two layers in flight

@@ -25,19 +25,20 @@ class SimError(ValueError):
 class FifoLink:
     """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate."""
 
-    __slots__ = ("rate", "free_at", "bytes", "busy_s")
+    __slots__ = ("rate", "free", "free_at", "bytes", "busy_s")
 
     def __init__(self, rate: float):
         self.rate, self.free_at, self.bytes, self.busy_s = rate, 0.0, 0.0, 0.0
+        self.free = math.isinf(rate)  # transfers take no time
 
     def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
         self.bytes += nbytes
-        if math.isinf(self.rate) or nbytes == 0:
+        if self.free or nbytes == 0:
             return t, t
-        start = max(t, self.free_at)
-        self.free_at = start + nbytes / self.rate
-        self.busy_s += self.free_at - start
-        return start, self.free_at
+        start = t if t > self.free_at else self.free_at
+        self.free_at = end = start + nbytes / self.rate
+        self.busy_s += end - start
+        return start, end
 
 
 class Lane:
@@ -50,11 +51,12 @@ class Lane:
     force when it is queued (a fluid approximation: later changes of the model load do not
     re-time transfers already queued)."""
 
-    __slots__ = ("rate", "priority", "share", "model_util", "free_at", "bytes", "busy_s")
+    __slots__ = ("rate", "free", "priority", "share", "model_util", "free_at", "bytes", "busy_s")
 
     def __init__(self, rate: float, priority: bool = True, share: float = 0.99):
         self.rate, self.priority, self.share = rate, priority, share
         self.model_util, self.free_at, self.bytes, self.busy_s = 0.0, 0.0, 0.0, 0.0
+        self.free = math.isinf(rate)  # transfers take no time
 
     def kv_rate(self) -> float:
         if not self.model_util:
@@ -69,12 +71,12 @@ class Lane:
 
     def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
         self.bytes += nbytes
-        if math.isinf(self.rate) or nbytes == 0:
+        if self.free or nbytes == 0:
             return t, t
-        start = max(t, self.free_at)
-        self.free_at = start + nbytes / self.kv_rate()
-        self.busy_s += self.free_at - start
-        return start, self.free_at
+        start = t if t > self.free_at else self.free_at
+        self.free_at = end = start + nbytes / (self.kv_rate() if self.model_util else self.rate)
+        self.busy_s += end - start
+        return start, end
 
 
 class Buffer:

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from dualjax.core.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
@@ -192,3 +193,28 @@ def test_scheduler_and_memory_settings_reach_real_runs_and_simulations():
         RunConfig(scheduler="greedy")
     with pytest.raises(ConfigError, match="pe_hbm_mb"):
         SimConfig(pe_hbm_mb=0)
+
+
+def test_pick_pe_follows_every_change_of_tokens_and_read_queues():
+    # pick_pe keeps its order incrementally (a heap); after any sequence of changes it must name the PE the
+    # rule does: min tokens among those <= beta, C2 (node queue <= alpha) before C3, ties to the lowest rank.
+    rng = np.random.default_rng(0)
+    s = S(*(pe(r, node=10 + r // 3) for r in range(1, 10)), de(20))
+    for _ in range(2000):
+        if rng.random() < 0.7:
+            s.update(int(rng.integers(1, 10)), 0, int(rng.integers(-3000, 3000)))
+        else:
+            s.set_read_queue(int(rng.integers(10, 13)), int(rng.integers(0, 2000)))
+        views = [s.view(r) for r in range(1, 10)]
+        open_ = [v for v in views if v.tokens <= TH.beta_tokens]
+        best = min(open_, key=lambda v: (v.read_q_tokens > TH.alpha_tokens, v.tokens, v.rank), default=None)
+        assert s.pick_pe(req()) == (best.rank if best else None)
+
+
+def test_waiting_takes_requests_out_from_anywhere():
+    w = Waiting([req(i, prompt=100, gen=0) for i in range(5)])
+    w.discard(w[2])
+    w.discard(w[0])
+    assert [r.id for r in w] == [1, 3, 4] and w.head_tokens(250) == 200 and [r.id for r in w.newest(2)] == [3, 4]
+    with pytest.raises(ValueError, match="already waiting"):
+        w.append(req(3))
