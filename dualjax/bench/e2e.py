@@ -141,7 +141,7 @@ def main(argv=None) -> dict:
     plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in reports])
     result = {
         "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick, "hbm_only": args.hbm,
-        "agents": base.agents, "turns": base.turns, "preset_agents": preset_agents,
+        "agents": base.agents or preset_agents, "turns": base.turns, "preset_agents": preset_agents,
         "sizing": {"measured_at_preset_size": measure, "run_overhead_s": overhead, "margin": MARGIN,
                    "planned": [_name(r) for r in planned],
                    "essential": [_name(r) for r in planned[:essential]]},
