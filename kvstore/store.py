@@ -65,7 +65,6 @@ MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
 SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
-_READERS = 2  # threads reading segment files of a local store into callers' buffers
 _ENTRY_MAGIC = b"DJIX5"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
@@ -244,6 +243,8 @@ class BlockStore:
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
 
+    READER_THREADS = 2  # threads reading segment files of a local store into callers' buffers
+
     def __init__(self, spec, layout: BlockLayout, capacity_bytes: int | None = None, sync: bool = False,
                  context: ts.Context | None = None):
         self.layout, self.sync = layout, sync
@@ -264,7 +265,8 @@ class BlockStore:
             raise StoreError(f"cannot open store {spec!r}: {e}", cause_of(e)) from None
         self._root = base["path"] if base.get("driver") == "file" else None  # a local directory: plain file writes
         self._writer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-write")
-        self._reader_pool = concurrent.futures.ThreadPoolExecutor(_READERS, thread_name_prefix="kvstore-read")
+        self._reader_pool = concurrent.futures.ThreadPoolExecutor(self.READER_THREADS,
+                                                                  thread_name_prefix="kvstore-read")
         self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
         self._lock = self._view.lock
         self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) verified here
@@ -613,7 +615,9 @@ class BlockStore:
             raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected {want} {self.layout.dtype}")
         self._pin(hashes)
         entries = self._slots(hashes)
-        rows = [i for i, e in enumerate(entries) if e is not None]
+        # in slot order, so a group covers runs of consecutive blocks of few segment files: fewer, larger
+        # reads whatever the request's order (a cold read then streams instead of seeking)
+        rows = sorted((i for i, e in enumerate(entries) if e is not None), key=lambda i: entries[i][0])
         futs: list = [None] * len(hashes)
         per = max(1, _READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)))
         for g in range(0, len(rows), per):  # a few large reads, all in flight: the first verifies while the rest land
