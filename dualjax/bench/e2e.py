@@ -119,8 +119,7 @@ def main(argv=None) -> dict:
             skipped[name] = f"skipped: predicted {predicted:.0f} s would end past --max-wall-s {args.max_wall_s:.0f}"
             log.info("%-22s %s", name, skipped[name])
             continue
-        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget,
-                **_reads_into(policy, budget))
+        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget)
         overran.append(r["jct_s"] / expect)
         reports.append(os.path.join(args.out, name))
         if budget:
@@ -184,13 +183,6 @@ def _planned(quick: bool, hbm_only: bool) -> tuple[list, int]:
     if quick:
         return quick_runs, len(quick_runs)
     return quick_runs + hbm + [(c, pol, False) for c, pol in FULL[len(QUICK):]], len(quick_runs) + len(hbm)
-
-
-def _reads_into(policy: str, budget_mb: float | None) -> dict:
-    """Basic under a PE memory budget reads its hit KV straight into device memory (docs/paper.md §5), so
-    the budget bounds its reads in flight too: its PE buffer is the budget. Layerwise reads land in host
-    DRAM (the PE buffer as usual) and the budget holds only the two layers being computed."""
-    return {"pe_buffer_mb": budget_mb * 1e6 / 2**20} if budget_mb and policy == "basic" else {}  # MB -> MiB
 
 
 def _name(run: tuple) -> str:

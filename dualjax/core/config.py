@@ -169,11 +169,13 @@ class Settings:
     block_tokens: int = setting(64, "tokens per KV block")
     prefill_chunk: int = setting(2048, "most new tokens of one request in one prefill pass (bounds attention "
                                  "memory)")
-    compute_quota_ms: float = setting(300.0, "predicted prefill time a PE packs into one pass (docs/paper.md §7)")
+    compute_quota_ms: float = setting(
+        300.0, "predicted attention-layer time of the batch a PE packs into one pass (docs/paper.md §7)")
     scheduler: str = setting("full", "engine selection: full (alpha/beta/Z, docs/paper.md §7) or naive (round-robin "
                              "engines; the ablation's dual-path loading without the scheduler)")
     pe_hbm_mb: float | None = setting(None, "device memory a PE has for the KV of its passes, MB: Basic holds every "
-                                      "layer of a row's prompt KV, layerwise two layers (default: the hardware's)")
+                                      "layer of a row's prompt KV and reads into it, layerwise two layers "
+                                      "(default: the hardware's)")
     workload_seed: int = setting(0, "workload seed", flag="--seed")
     think_time: str = setting("zero", "sessions: pause before each turn: zero (the paper's rule), recorded (the "
                               "trace's tool/user time) or a factor on the recorded pauses")

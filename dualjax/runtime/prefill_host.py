@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dualjax.core.batching import Work, fit_memory, pack
+from dualjax.core.policies import get_policy, layerwise_for
 from dualjax.core.records import HostStats, PassShape, PassTally
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
@@ -80,7 +81,10 @@ class PrefillHost(Host):
 
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
-        self.buffer = HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20))
+        room = cfg.pe_buffer_mb * 2**20
+        if cfg.pe_hbm_mb is not None and not layerwise_for(get_policy(cfg.policy), cfg.layerwise):
+            room = min(room, cfg.pe_hbm_mb * 1e6)  # Basic reads into device memory: the budget bounds its reads too
+        self.buffer = HostBuffer("PE", int(room))
         self.buffer.check_fits(self.layout.block_bytes)
         self.inboxes: dict[int, _Inbox] = collections.defaultdict(_Inbox)
         self.admit_q: queue.Queue = queue.Queue()
