@@ -53,121 +53,27 @@ from kvstore.errors import FingerprintMismatch, StoreError, cause_of
 from kvstore.hashing import BlockId, check_hash, hash_block
 from kvstore.layout import BlockLayout
 from kvstore.reads import BlockRead
+from kvstore.segments import (
+    SLOT_BITS,
+    Pending,
+    Staged,
+    segment_slots,
+    shard_index,
+    shard_index_bytes,
+    zarr_metadata,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "dualjax_store.json"
 FORMAT_VERSION = 2
-SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS)
 COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
-MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
-SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
 _ENTRY_MAGIC = b"DJIX5"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
-
-
-def segment_slots(layout: BlockLayout) -> int:
-    """S for a new store: the largest power of two up to MAX_SEGMENT_SLOTS whose blocks fit in
-    SEGMENT_BYTES (at least 1). A power of two divides 2**COUNTER_BITS, so no segment spans two
-    writer ids."""
-    s = MAX_SEGMENT_SLOTS
-    while s > 1 and s * layout.block_bytes > SEGMENT_BYTES:
-        s //= 2
-    return s
-
-
-def _zarr_metadata(layout: BlockLayout, slots: int) -> dict:
-    raw = {"name": "bytes", "configuration": {"endian": "little"}}
-    shard = {"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [1, 1, *layout.layer_shape], "codecs": [raw], "index_location": "start",
-        "index_codecs": [raw]}}
-    return {"shape": [1 << SLOT_BITS, *layout.full_shape], "data_type": layout.dtype,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [slots, *layout.full_shape]}},
-            "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
-
-
-def _shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> np.ndarray:
-    """The zarr3 shard index [slots, L, 2] of a segment file holding n blocks from position
-    `first`: (offset, length) per Layer Block, both all-ones for absent ones; the blocks follow
-    the index in slot, layer order."""
-    index = np.full((slots, layout.n_layers, 2), np.iinfo(np.uint64).max, "<u8")
-    offsets = index.nbytes + np.arange(n * layout.n_layers, dtype="<u8") * layout.layer_bytes
-    index[first:first + n, :, 0] = offsets.reshape(n, layout.n_layers)
-    index[first:first + n, :, 1] = layout.layer_bytes
-    return index
-
-
-def _bytes_of(a) -> memoryview:
-    """The bytes of a C-contiguous array (any dtype, bfloat16 included) or bytes, not copied."""
-    return memoryview(a if isinstance(a, bytes) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-
-
-class _Staged:
-    """A local file's new value, written to a temp file beside it (unique to this process and
-    thread, fsynced when `sync`); `publish()` renames it into place (atomic), `discard()` removes
-    it."""
-
-    def __init__(self, path: str, parts: list, sync: bool):
-        self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-        views = [_bytes_of(p) for p in parts]
-        try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                while views:
-                    done = os.writev(fd, views[:1024])
-                    while views and done >= len(views[0]):
-                        done -= len(views.pop(0))
-                    if views and done:
-                        views[0] = views[0][done:]
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            self.discard()
-            raise
-
-    def publish(self) -> None:
-        try:
-            os.replace(self.tmp, self.path)
-        except OSError:
-            self.discard()
-            raise
-
-    def publish_as(self, paths: list[str]) -> None:
-        """Hard-link the file at each of `paths` (each link appears atomically; one already there
-        is another writer's equal entry and stays), then drop the temp name."""
-        try:
-            for path in paths:
-                with contextlib.suppress(FileExistsError):
-                    os.link(self.tmp, path)
-        finally:
-            self.discard()
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
-
-
-class _Pending:
-    """A value for a TensorStore kvstore (not a local directory): one write at `publish()`."""
-
-    def __init__(self, kv: ts.KvStore, key: str, parts: list):
-        self.kv, self.key, self.value = kv, key, b"".join(_bytes_of(p) for p in parts)
-
-    def publish(self) -> None:
-        self.kv.write(self.key, self.value).result()
-
-    def publish_as(self, keys: list[str]) -> None:
-        for f in [self.kv.write(key, self.value) for key in keys]:
-            f.result()
-
-    def discard(self) -> None:
-        self.value = b""
 
 
 def _describe(layout_json) -> str:
@@ -257,7 +163,7 @@ class BlockStore:
             data = _sub(base, "data/")
             self.data_kv = ts.KvStore.open(data, context=self.context).result()
             self.array = ts.open({"driver": "zarr3", "kvstore": data, "fill_missing_data_reads": False,
-                                  "metadata": _zarr_metadata(layout, self.slots_per_segment)},
+                                  "metadata": zarr_metadata(layout, self.slots_per_segment)},
                                  create=True, open=True, context=self.context).result()
             self._check_writable()
             keys = [k.decode() for k in self.index_kv.list().result()]
@@ -447,7 +353,7 @@ class BlockStore:
         """A segment's file: its zarr3 shard index, then its blocks (Layer Blocks in slot, layer
         order), written whole from the callers' arrays (no copy on a local disk)."""
         first, S = seg[0][2], self.slots_per_segment
-        index = _shard_index(self.layout, S, first % S, len(seg))
+        index = shard_index(self.layout, S, first % S, len(seg))
         self._stage(self.data_kv, "data", self.segment_key(first // S), [index] + [b for _, b, _ in seg],
                     self.sync).publish()
 
@@ -456,8 +362,8 @@ class BlockStore:
         local directory a temp file written now with one writev, renamed at publish; elsewhere
         one TensorStore write at publish."""
         if self._root is None:
-            return _Pending(kv, key, parts)
-        return _Staged(os.path.join(self._root, sub, key), parts, sync)
+            return Pending(kv, key, parts)
+        return Staged(os.path.join(self._root, sub, key), parts, sync)
 
     def _entry_file(self, records: list[tuple[BlockId, int, np.ndarray]]) -> bytes:
         """A segment's index entries, one file (each block's `index/<hash>` names it): magic, n,
@@ -601,8 +507,9 @@ class BlockStore:
             store._evict_for(0)
 
     def get(self, hashes: list[str], out: np.ndarray | None = None, layers: range | None = None) -> list[BlockRead]:
-        """Start reading blocks into `out` [n, L, T, *record] (allocated when None); TensorStore
-        copies each block (or only `layers` of it) straight into its row. Returns one
+        """Start reading blocks into `out` [n, L, T, *record] (allocated when None); each block (or
+        only `layers` of it) lands straight in its row (preadv on a local directory, TensorStore
+        elsewhere). Returns one
         `BlockRead` per hash, whose `result()` is that row, checked, or None (missing, corrupt or
         truncated). Blocks being read are pinned against eviction until `result()`."""
         for h in hashes:
@@ -647,7 +554,7 @@ class BlockStore:
         S, L = self.slots_per_segment, self.layout.n_layers
         failed: dict[int, str] = {}
         by_segment = collections.defaultdict(list)
-        for (slot, sums), row in sorted(zip(entries, rows), key=lambda x: x[0][0]):
+        for (slot, sums), row in zip(entries, rows):  # in slot order (get sorts them)
             by_segment[slot // S].append((slot, row, sums))
         whole = sel.stop - sel.start == L
         for segment, items in by_segment.items():
@@ -674,7 +581,7 @@ class BlockStore:
         """One preadv of consecutive blocks (layers `sel`) into their rows, then their checksums."""
         S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
         views = [out[row, sel] for _, row, _ in run]
-        offset = S * L * 16 + (run[0][0] % S * L + sel.start) * lb
+        offset = shard_index_bytes(self.layout, S) + (run[0][0] % S * L + sel.start) * lb
         try:
             whole = os.preadv(fd, [v.reshape(-1).view(np.uint8) for v in views], offset) // views[0].nbytes
         except OSError as e:

@@ -201,7 +201,7 @@ def cap_figures(layout: kv.BlockLayout, n: int, workdir: str, cap_mbps: float) -
 
 
 def _zarr3_spec(layout: kv.BlockLayout, path: str, checksum: bool, sharded: bool) -> dict:
-    md = kv.store._zarr_metadata(layout, 1)
+    md = kv.segments.zarr_metadata(layout, 1)
     inner = [{"name": "bytes", "configuration": {"endian": "little"}}] + ([{"name": "crc32c"}] if checksum else [])
     if sharded:  # the block is a shard; its inner chunks are Layer Blocks, each with its own checksum
         inner = [{"name": "sharding_indexed", "configuration": {

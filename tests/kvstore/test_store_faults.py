@@ -28,12 +28,12 @@ def test_slots_derive_from_one_constant_and_segments_align(tmp_path):
     with kv.BlockStore(kv.local_spec(tmp_path / "s"), LAYOUT) as s:
         assert s.array.shape[0] == 1 << kv.SLOT_BITS
         S = s.slots_per_segment
-        assert S == kv.store.segment_slots(LAYOUT) == kv.store.MAX_SEGMENT_SLOTS  # 32 KiB blocks: 64 per segment
+        assert S == kv.segments.segment_slots(LAYOUT) == kv.segments.MAX_SEGMENT_SLOTS  # 32 KiB blocks: 64 per segment
         firsts = [s._next_segment() for _ in range(3)]
         assert all(0 <= x < 1 << kv.SLOT_BITS and x % S == 0 for x in firsts) and firsts[1] == firsts[0] + S
         assert s._writer < 1 << kv.store.WRITER_BITS
     big = kv.BlockLayout(n_layers=64, record_shape=(2, 8, 128), dtype="bfloat16")  # 16 MiB blocks
-    assert kv.store.segment_slots(big) == 4
+    assert kv.segments.segment_slots(big) == 4
 
 
 def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch, caplog):
