@@ -4,7 +4,9 @@ overflow is chunked, its chunk size found by binary search. The quota bounds att
 term that grows with each row's context and differs between data-parallel attention GPUs); the
 linear layers' time, per token and shared by the expert-parallel step, is left out of it. Passes
 here run rows padded to a common shape (no ragged attention on CPU), so the attention time is that
-of the padded batch; the simulator also packs ragged (GPU) passes. Pure Python: no MPI, no JAX.
+of the padded batch; the simulator packs with the same rule, padded or ragged (GPU) passes. A fit
+without an attention term (a = 0) predicts no attention time: the quota then never binds and a pass
+takes every ready request, each up to the chunk cap. Pure Python: no MPI, no JAX.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class AttentionFit:
         return self.attention(cached, new) + self.b * new + self.c
 
     def attention(self, cached: int, new: int) -> float:
-        """The attention layers' share, the time the compute quota bounds (docs/paper.md §7)."""
+        """The attention layers' share, the time the compute quota bounds (docs/paper.md §7); 0 when a = 0."""
         return self.a * new * (cached + new / 2)
 
     @classmethod
@@ -56,10 +58,10 @@ def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int 
     and chunk, so B rows are predicted to take B * attention(max cached, max new); ragged ones (GPUs,
     in the simulator) the sum of each row's. A request that does not fit whole gets the largest chunk
     that does (binary search) and closes the batch; the first request always gets at least
-    `min_chunk` tokens, so every pass progresses. `fit` has `attention(cached, new) -> seconds` (an
-    `AttentionFit`); an object with only `predict(cached, new)` (the simulator's `Costs`) is taken to
-    predict that attention time already."""
-    attention = getattr(fit, "attention", None) or fit.predict
+    `min_chunk` tokens, so every pass progresses. `fit` has `attention(cached, new) -> seconds`: an
+    `AttentionFit` (the runtime, the simulator on measured profiles) or the simulator's `Costs`. Where it
+    predicts no attention time (a = 0) every request fits: only `max_chunk` bounds the pass."""
+    attention = fit.attention
     batch: list[tuple[Work, int]] = []
     spent = 0.0  # ragged: predicted attention seconds of the rows already in the batch
 

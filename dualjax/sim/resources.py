@@ -14,6 +14,7 @@ import dataclasses
 import math
 from collections import deque
 
+from dualjax.core.batching import AttentionFit
 from dualjax.sim.profiles import Hardware, ModelCost
 from models.buckets import DEFAULT_BUCKETS
 
@@ -170,20 +171,22 @@ def _at_least(x: int, measured: set[int]) -> int:
 
 class Costs:
     """Seconds of prefill passes and decode steps, and device memory, from a hardware profile and a model.
-    `predict(cached, new)` is what a PE packs with (the attention-layer time, docs/paper.md §7; on a measured
-    profile the runtime's own fit); `pass_seconds` what a pass then takes."""
+    `attention(cached, new)` is what a PE packs with under the compute quota (the predicted attention-layer
+    time, docs/paper.md §7), `row(cached, new)` a row's whole prefill time and `pass_seconds` what a pass
+    then takes. On a measured profile both come from the runtime's own `AttentionFit` (`prefill_fit`), so
+    the simulator packs as the runtime does; a fit with a = 0 predicts no attention time, and the quota
+    never binds. Else from the model's FLOPs: attention (and the indexer) without the linear layers."""
 
     def __init__(self, hw: Hardware, model: ModelCost, decode_capacity: int, pe_ep: int = 1, de_ep: int = 1):
         self.hw, self.model, self.capacity = hw, model, decode_capacity
         self.pe_ep, self.de_ep = pe_ep, de_ep
         self.rate = hw.flops_per_s * hw.efficiency
         if hw.prefill_fit is not None:
-            a, b, c = hw.prefill_fit
-            self.row = lambda cached, new: a * new * (cached + new / 2) + b * new + c  # noqa: E731
-            self.predict = self.row
+            fit = AttentionFit(*hw.prefill_fit)
+            self.row, self.attention = fit.predict, fit.attention
         else:
             self.row = model.prefill_seconds(self.rate)
-            self.predict = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
+            self.attention = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
         self.table = PassTable(hw.pass_table) if hw.pass_table else None
 
     def efficiency(self, tokens: int) -> float:

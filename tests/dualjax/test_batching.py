@@ -57,3 +57,14 @@ def test_progress_and_chunk_cap():
     assert [(w.key, n) for w, n in tiny_quota] == [("x", 16)]  # always some progress
     capped = pack([Work("x", 0, 5000)], FIT, quota_s=100.0, max_chunk=2048)
     assert [n for _, n in capped] == [2048]
+
+
+def test_without_an_attention_term_the_quota_does_not_bind():
+    # a = 0: a fit of linear work and overhead only predicts no attention time, so even a 1 ns quota takes
+    # every request, each up to the chunk cap (the two rows as packed take 2.148 s and 0.2 s in all).
+    linear = AttentionFit(a=0.0, b=1e-3, c=0.1)
+    q = [Work("a", 0, 5000), Work("b", 10**6, 100)]
+    assert linear.attention(10**6, 100) == 0.0
+    for padded in (True, False):
+        got = pack(q, linear, quota_s=1e-9, max_chunk=2048, padded=padded)
+        assert [(w.key, n) for w, n in got] == [("a", 2048), ("b", 100)]

@@ -39,6 +39,33 @@ def test_basic_timeline_by_hand():
     assert c["tpot"][1] == pytest.approx(0.01) and c["ttst"][1] == pytest.approx(0.265 + 0.01 - 0.14)
 
 
+def test_a_measured_profile_packs_on_attention_time_by_hand():
+    # The fit of a measured profile: 1e-6 s x new x (cached + new/2) of attention + 1 ms per new token. Three
+    # agents of one turn, 200 new tokens each: a row's attention is 1e-6 x 200 x 100 = 0.02 s, the whole row
+    # 0.22 s. Agent 0 starts a pass alone (0-0.22 s); agents 1 and 2 wait for it. The quota (300 ms) bounds
+    # attention, 2 x 0.02 s: both go into the next padded pass, 2 x 0.22 s, ending at 0.66. Under a quota on
+    # the whole row (2 x 0.22 > 0.3) agent 1 would run alone and take its first token at 0.44.
+    hw = dataclasses.replace(TOY_HW, prefill_fit=(1e-6, 1e-3, 0.0))
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic")
+    sim = Simulation(cfg, hw, TOY_MODEL, [np.array([200])] * 3, [np.array([5])] * 3, np.zeros(3), progress=False)
+    c = sim.run().columns()
+    assert c["prefill_start"] == pytest.approx([0.0, 0.22, 0.22])
+    assert c["first_token"] == pytest.approx([0.22, 0.66, 0.66])
+    assert sim.pe_summary()["passes"] == 2
+
+
+def test_a_fit_without_attention_term_puts_no_quota_on_the_batch():
+    # a = 0 (TOY_HW: 1 ms per new token, nothing else): no attention time, so the quota never binds and
+    # 1,000 new tokens go in one pass of 1 s (a quota on the whole row would cut them into 300-token chunks).
+    # beta rates a one-row pass: 5 s x 1,000 tok/s x (cached + new) / new at the workload's typical row,
+    # 1,000 new over (1,000 + 5) / 2 = 502 cached.
+    sim = Simulation(SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic"), TOY_HW, TOY_MODEL,
+                     [np.array([1000])], [np.array([5])], np.zeros(1), progress=False)
+    assert sim.scheduler.th.beta_tokens == pytest.approx(5 * 1000 * 1502 / 1000)
+    c = sim.run().columns()
+    assert c["prefill_end"][0] == pytest.approx(1.0) and sim.pe_summary()["passes"] == 1
+
+
 def test_layerwise_overlaps_the_load_by_hand():
     # Layerwise starts at 0.14 with the read: layer l arrives at 0.14 + 0.016 (l+1) and takes 0.061 / 4.
     # The pass ends at max(0.14 + 0.061, 0.14 + 0.016 + 0.061, 0.204 + 0.061 / 4) = 0.21925.
