@@ -71,6 +71,7 @@ COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
+_IOV_MAX = 1024  # buffers per preadv (Linux's IOV_MAX)
 _ENTRY_MAGIC = b"DJIX5"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
@@ -536,11 +537,12 @@ class BlockStore:
 
     def _read_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice):
         """Start reading the blocks of `entries` (layers `sel`) into rows `rows` of `out`: on a
-        local directory a reader thread preads them straight into `out`, one call per run of
-        consecutive slots of a segment, and checks their checksums (its future gives {slot: why}
+        local directory, when `out`'s Layer Blocks are contiguous (its rows need not be: a
+        layer-major buffer's are not), a reader thread preads them straight into `out`, one call
+        per run of consecutive slots of a segment, and checks their checksums (its future gives {slot: why}
         for blocks that failed); elsewhere one TensorStore read (its future raises when any block
         failed; the caller checks checksums)."""
-        if self._root is None or not out.flags.c_contiguous:
+        if self._root is None or not (out.size == 0 or out[0, 0].flags.c_contiguous):
             dst = ts.array(out, copy=False)
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
             return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
@@ -578,14 +580,25 @@ class BlockStore:
         return failed
 
     def _pread_run(self, fd: int, path: str, out: np.ndarray, run: list, sel: slice) -> dict[int, str]:
-        """One preadv of consecutive blocks (layers `sel`) into their rows, then their checksums."""
+        """Preadv of consecutive blocks (layers `sel`) into their rows, then their checksums. Each
+        Layer Block of `out` is contiguous; the rows need not be (a layer-major buffer's are not),
+        so the iovecs are Layer Blocks, at most `_IOV_MAX` per call."""
         S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
         views = [out[row, sel] for _, row, _ in run]
+        iov = [layer.reshape(-1).view(np.uint8) for v in views for layer in v] if not views[0].flags.c_contiguous \
+            else [v.reshape(-1).view(np.uint8) for v in views]
         offset = shard_index_bytes(self.layout, S) + (run[0][0] % S * L + sel.start) * lb
+        got = 0
         try:
-            whole = os.preadv(fd, [v.reshape(-1).view(np.uint8) for v in views], offset) // views[0].nbytes
+            for i in range(0, len(iov), _IOV_MAX):
+                want = sum(b.nbytes for b in iov[i:i + _IOV_MAX])
+                n = os.preadv(fd, iov[i:i + _IOV_MAX], offset + got)
+                got += n
+                if n < want:
+                    break
         except OSError as e:
             return {slot: f"{path}: {e.strerror}" for slot, _, _ in run}
+        whole = got // views[0].nbytes
         failed = {slot: f"{path} is truncated" for slot, _, _ in run[whole:]}
         for (slot, _, sums), view in zip(run[:whole], views):
             bad = [sel.start + i for i, layer in enumerate(view)

@@ -294,3 +294,28 @@ def test_a_store_of_another_format_version_is_refused(tmp_path):
     manifest.write_text(manifest.read_text().replace(f'"version": {kv.FORMAT_VERSION}', '"version": 1'))
     with pytest.raises(kv.StoreError, match="store format version 1 is not this dualjax's version 2"):
         kv.BlockStore(spec, LAYOUT)
+
+
+@pytest.mark.parametrize("n_layers", [2, 40])  # 40 layers x 64 blocks: more Layer Blocks than one preadv takes
+def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers):
+    """A buffer laid out [L, n, T, ...] (rows not contiguous, each Layer Block contiguous) gets
+    exactly the blocks, whole or a layer at a time, and a truncated segment is still a miss."""
+    layout = _layout(n_layers=n_layers, record_shape=(1, 1, 4), block_tokens=4)
+    n = 64
+    ids, blocks = _chain(n, layout), _blocks(n, layout)
+    with kv.BlockStore(kv.local_spec(tmp_path / "store"), layout) as s:
+        s.put(ids, blocks)
+        hashes = [b.hash for b in ids]
+        by_layer = np.zeros((n_layers, n, *layout.full_shape[1:]), layout.np_dtype)
+        out = np.swapaxes(by_layer, 0, 1)
+        assert all(r.result() is not None for r in s.get(hashes, out))
+        np.testing.assert_array_equal(out, blocks)
+        out[:] = 0
+        for layer in range(n_layers):
+            assert all(r.result() is not None for r in s.get(hashes, out, layers=range(layer, layer + 1)))
+        np.testing.assert_array_equal(out, blocks)
+        path, _ = _block_in_file(tmp_path, s, hashes[-1])
+        os.truncate(path, os.path.getsize(path) - layout.block_bytes // 2)
+        fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), layout)
+        assert [r.result() is not None for r in fresh.get(hashes, out)] == [True] * (n - 1) + [False]
+        fresh.close()
