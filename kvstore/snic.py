@@ -23,6 +23,7 @@ import numpy as np
 from kvstore.store import BlockStore
 
 _CAPPED_BATCH = 1 << 20
+_LAG_S = 0.05  # within a request, how far the emulated link may run behind the clock and catch up
 
 
 class ReadTicket:
@@ -163,13 +164,16 @@ class StorageNIC:
 
         # Uncapped: few large reads (one TensorStore read each). Capped: at most 1 MiB per read, so
         # pacing stays fine-grained at the few MB/s an emulated storage NIC runs at.
-        for b0, b1, layers in t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes):
+        batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes)
+        for i, (b0, b1, layers) in enumerate(batches):
             good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
             reads: list = []
             if good > b0:
                 if self.cap:
                     cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
-                    self._link_free = max(self._link_free, self.clock()) + cost
+                    # the link runs on from where it was, so this host's own time between reads (issuing,
+                    # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
+                    self._link_free = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
                     time.sleep(max(0.0, self._link_free - self.clock()))
                 reads = t.store.get(t.hashes[b0:good], t.out[b0:good], layers=layers)
             inflight.append((b0, layers, reads + [_Skipped()] * (b1 - good)))
