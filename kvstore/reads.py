@@ -1,14 +1,80 @@
-"""One block read in flight, checked against its index entry's per-layer checksums."""
+"""Reading blocks: local segment files read with `preadv` straight into the caller's buffer and
+checked as they land (`pread_rows`), and one block read in flight, checked against its index
+entry's per-layer checksums (`BlockRead`)."""
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 
 import numpy as np
 import tensorstore as ts
 import xxhash
 
 log = logging.getLogger("kvstore.store")
+_IOV_MAX = 1024  # buffers per preadv (Linux's IOV_MAX)
+
+
+def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
+               sel: slice) -> dict[int, str]:
+    """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
+    Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
+    and check each Layer Block read against its checksum. `entries`: (slot, per-layer checksums)
+    in slot order. Returns {slot: why} for blocks that failed (missing file, short file, I/O
+    error, checksum mismatch)."""
+    failed: dict[int, str] = {}
+    by_segment = collections.defaultdict(list)
+    for (slot, sums), row in zip(entries, rows):
+        by_segment[slot // S].append((slot, row, sums))
+    whole = sel.stop - sel.start == layout.n_layers
+    for segment, items in by_segment.items():
+        path = segment_path(segment)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
+            continue
+        try:
+            runs = [[items[0]]]
+            for item in items[1:]:  # whole blocks of consecutive slots lie back to back: one read
+                if whole and item[0] == runs[-1][-1][0] + 1:
+                    runs[-1].append(item)
+                else:
+                    runs.append([item])
+            for run in runs:
+                failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel))
+        finally:
+            os.close(fd)
+    return failed
+
+
+def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
+               sel: slice) -> dict[int, str]:
+    """Preadv of consecutive blocks (layers `sel`) into their rows, then their checksums. Each
+    Layer Block of `out` is contiguous; the rows need not be (a layer-major buffer's are not),
+    so the iovecs are Layer Blocks then, at most `_IOV_MAX` per call."""
+    views = [out[row, sel] for _, row, _ in run]
+    iov = [v.reshape(-1).view(np.uint8) for v in views] if views[0].flags.c_contiguous \
+        else [layer.reshape(-1).view(np.uint8) for v in views for layer in v]
+    offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * layout.layer_bytes
+    got = 0
+    try:
+        for i in range(0, len(iov), _IOV_MAX):
+            n = os.preadv(fd, iov[i:i + _IOV_MAX], offset + got)
+            got += n
+            if n < sum(b.nbytes for b in iov[i:i + _IOV_MAX]):
+                break
+    except OSError as e:
+        return {slot: f"{path}: {e.strerror}" for slot, _, _ in run}
+    whole = got // views[0].nbytes
+    failed = {slot: f"{path} is truncated" for slot, _, _ in run[whole:]}
+    for (slot, _, sums), view in zip(run[:whole], views):
+        bad = [sel.start + i for i, layer in enumerate(view)
+               if xxhash.xxh3_64_intdigest(layer) != sums[sel.start + i]]
+        if bad:
+            failed[slot] = f"checksum mismatch in layer {bad[0]}"
+    return failed
 
 
 class BlockRead:

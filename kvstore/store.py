@@ -52,7 +52,7 @@ import xxhash
 from kvstore.errors import FingerprintMismatch, StoreError, cause_of
 from kvstore.hashing import BlockId, check_hash, hash_block
 from kvstore.layout import BlockLayout
-from kvstore.reads import BlockRead
+from kvstore.reads import BlockRead, pread_rows
 from kvstore.segments import (
     SLOT_BITS,
     Pending,
@@ -71,7 +71,6 @@ COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
-_IOV_MAX = 1024  # buffers per preadv (Linux's IOV_MAX)
 _ENTRY_MAGIC = b"DJIX5"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
@@ -546,66 +545,9 @@ class BlockStore:
             dst = ts.array(out, copy=False)
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
             return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
-        return self._reader_pool.submit(self._pread_rows, out, rows, entries, sel)
-
-    def _pread_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice) -> dict[int, str]:
-        """Read blocks from their segment files at the offsets this store writes them at (after
-        the shard index, in slot, layer order) and check each Layer Block read against its
-        checksum; returns {slot: why} for blocks that failed (missing file, short file, I/O
-        error, checksum mismatch)."""
-        S, L = self.slots_per_segment, self.layout.n_layers
-        failed: dict[int, str] = {}
-        by_segment = collections.defaultdict(list)
-        for (slot, sums), row in zip(entries, rows):  # in slot order (get sorts them)
-            by_segment[slot // S].append((slot, row, sums))
-        whole = sel.stop - sel.start == L
-        for segment, items in by_segment.items():
-            path = os.path.join(self._root, "data", self.segment_key(segment))
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as e:
-                failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
-                continue
-            try:
-                runs = [[items[0]]]
-                for item in items[1:]:
-                    if whole and item[0] == runs[-1][-1][0] + 1:
-                        runs[-1].append(item)
-                    else:
-                        runs.append([item])
-                for run in runs:
-                    failed.update(self._pread_run(fd, path, out, run, sel))
-            finally:
-                os.close(fd)
-        return failed
-
-    def _pread_run(self, fd: int, path: str, out: np.ndarray, run: list, sel: slice) -> dict[int, str]:
-        """Preadv of consecutive blocks (layers `sel`) into their rows, then their checksums. Each
-        Layer Block of `out` is contiguous; the rows need not be (a layer-major buffer's are not),
-        so the iovecs are Layer Blocks, at most `_IOV_MAX` per call."""
-        S, L, lb = self.slots_per_segment, self.layout.n_layers, self.layout.layer_bytes
-        views = [out[row, sel] for _, row, _ in run]
-        iov = [layer.reshape(-1).view(np.uint8) for v in views for layer in v] if not views[0].flags.c_contiguous \
-            else [v.reshape(-1).view(np.uint8) for v in views]
-        offset = shard_index_bytes(self.layout, S) + (run[0][0] % S * L + sel.start) * lb
-        got = 0
-        try:
-            for i in range(0, len(iov), _IOV_MAX):
-                want = sum(b.nbytes for b in iov[i:i + _IOV_MAX])
-                n = os.preadv(fd, iov[i:i + _IOV_MAX], offset + got)
-                got += n
-                if n < want:
-                    break
-        except OSError as e:
-            return {slot: f"{path}: {e.strerror}" for slot, _, _ in run}
-        whole = got // views[0].nbytes
-        failed = {slot: f"{path} is truncated" for slot, _, _ in run[whole:]}
-        for (slot, _, sums), view in zip(run[:whole], views):
-            bad = [sel.start + i for i, layer in enumerate(view)
-                   if xxhash.xxh3_64_intdigest(layer) != sums[sel.start + i]]
-            if bad:
-                failed[slot] = f"checksum mismatch in layer {bad[0]}"
-        return failed
+        S = self.slots_per_segment
+        return self._reader_pool.submit(pread_rows, lambda segment: os.path.join(self._root, "data", self.segment_key(
+            segment)), self.layout, S, shard_index_bytes(self.layout, S), out, rows, entries, sel)
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
