@@ -1,11 +1,11 @@
 """Discrete-event simulation of a DualPath cluster, driven by the runtime's own scheduler and policy.
 
 Nodes hold g engines (one per GPU), all prefill (PE) or all decode (DE). Per node: a storage NIC
-(FIFO at its effective read rate) whose queue the scheduler balances, host DRAM (every read and
-write of the host buffers), and a PE or DE buffer budget. Per GPU: a full-duplex compute NIC
-(`Lane` tx and rx) where expert-parallel traffic has priority over KV, and device memory.
-Engines of a role form expert-parallel groups (`Hardware.ep_gpus`). A request flows as in the
-runtime (docs/paper.md §3):
+(FIFO at its effective read rate, optionally rising with the reads outstanding) whose queue the
+scheduler balances, host DRAM (every read and write of the host buffers), and a PE or DE buffer
+budget. Per GPU: a full-duplex compute NIC (`Lane` tx and rx) where expert-parallel traffic has
+priority over KV, and device memory. Engines of a role form expert-parallel groups
+(`Hardware.ep_gpus`). A request flows as in the runtime (docs/paper.md §3):
 
 1. it arrives (agents: offline all at 0, online Poisson; the next turn starts when the previous
    one completes, after an optional think time) and waits in the scheduler's FIFO queue;
@@ -152,7 +152,8 @@ class Simulation(PrefillSide, DecodeSide):
                 f"per role or a larger ep_gpus")
 
     def thresholds(self) -> Thresholds:
-        """alpha from the storage NIC's effective rate; beta from the prefill rate: on `local` what the
+        """alpha from the storage NIC's effective rate (with a queue-depth curve its saturated rate: alpha
+        separates long read queues, where the depth is high); beta from the prefill rate: on `local` what the
         runtime profiles at start-up, else a pass of as many of the workload's typical rows as the quota
         admits on their attention time. A profile without an attention term (a fit with a = 0) puts no
         bound on the rows, so beta then rates a one-row pass, the shape the runtime's start-up profile times."""

@@ -114,8 +114,11 @@ class Hardware:
     padded: bool = False  # prefill passes run rows padded to the batch's longest (CPU) or ragged (GPU)
     hbm_reserve_bytes: float = 0.0  # per GPU, kept for activations and workspace (neither weights nor KV)
     # Storage reads deliver this fraction of the storage NIC's line rate (3FS, PAPER: Basic saturates at
-    # ~21-26 GB/s per 50 GB/s node), optionally falling with more reads outstanding than `snic_depth`.
+    # ~21-26 GB/s per 50 GB/s node) once enough reads are outstanding.
     snic_efficiency: float = 1.0
+    # Queue depth (an assumption, not calibrated): a read that finds k - 1 others outstanding on its node's
+    # storage NIC (k with it) runs at k / (k + snic_depth_half) of that rate; 0: every read at the full rate.
+    snic_depth_half: float = 0.0
     # A prefill pass of T new tokens runs at efficiency * T / (T + prefill_half_tokens) of peak (0: flat).
     prefill_half_tokens: float = 0.0
     ep_gpus: int = 0  # most GPUs of one expert-parallel group (0: none; engines step alone)

@@ -1,6 +1,7 @@
 """The simulator's resources: links, buffers, nodes, and what compute costs.
 
-`FifoLink` serves bytes first come, first served (storage NICs, host DRAM); `Lane` is one
+`FifoLink` serves bytes first come, first served (storage NICs, host DRAM), `DepthLink` at a rate that
+grows with the reads outstanding (a storage NIC with a queue-depth curve); `Lane` is one
 direction of a GPU's compute NIC, where KV (low priority) gets what model traffic (expert-parallel
 all-to-all, high priority) leaves; `Buffer` is a byte budget whose reservations wait FIFO for
 room (host buffers, and a PE's device memory for KV); `Node` holds a node's storage NIC, DRAM,
@@ -39,6 +40,37 @@ class FifoLink:
         start = t if t > self.free_at else self.free_at
         self.free_at = end = start + nbytes / self.rate
         self.busy_s += end - start
+        return start, end
+
+
+class DepthLink(FifoLink):
+    """A storage NIC whose throughput grows with the reads outstanding on it (the queue depth), as a
+    storage system's does until its devices and network are busy: a read that finds k - 1 others
+    outstanding (k with it) is served, FIFO, at rate * k / (k + half), `rate` being the saturated rate.
+    A read's rate is fixed when it is queued: later reads do not re-time it. Equal reads queued
+    together therefore end with the last one when they would if every read were re-timed as the queue
+    drains (the depths k = 1 .. N are the same, in the other order)."""
+
+    __slots__ = ("half", "ends")
+
+    def __init__(self, rate: float, half: float):
+        if half < 0:
+            raise SimError(f"snic_depth_half is the reads outstanding at half the storage rate: >= 0, not {half}")
+        super().__init__(rate)
+        self.half, self.ends = half, deque()  # ends of the reads queued, in order (FIFO: ascending)
+
+    def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
+        self.bytes += nbytes
+        if self.free or nbytes == 0:
+            return t, t
+        ends = self.ends
+        while ends and ends[0] <= t:
+            ends.popleft()
+        k = len(ends) + 1
+        start = t if t > self.free_at else self.free_at
+        self.free_at = end = start + nbytes * (k + self.half) / (self.rate * k)
+        self.busy_s += end - start
+        ends.append(end)
         return start, end
 
 
@@ -114,7 +146,8 @@ class Node:
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
-        self.snic = FifoLink(hw.snic_bytes_per_s * hw.snic_efficiency)
+        snic = hw.snic_bytes_per_s * hw.snic_efficiency
+        self.snic = DepthLink(snic, hw.snic_depth_half) if hw.snic_depth_half else FifoLink(snic)
         self.dram = FifoLink(hw.dram_bytes_per_s)
         self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)

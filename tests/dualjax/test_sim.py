@@ -12,7 +12,7 @@ from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import SimError, Simulation, simulate
 from dualjax.sim.engine import _slowdowns
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
-from dualjax.sim.resources import Buffer, FifoLink, PassTable
+from dualjax.sim.resources import Buffer, DepthLink, FifoLink, PassTable
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
 # storage 1 MB/s, free transfers; a model of 4 layers and 1,000 bytes of KV per token.
@@ -127,6 +127,35 @@ def test_fifo_link_and_buffer():
     assert order == ["a", "b", "c"] and buf.peak == 7
     with pytest.raises(SimError, match="budget"):
         buf.reserve(11, lambda: None)
+
+
+def test_storage_throughput_grows_with_the_reads_outstanding():
+    # 100 B/s saturated, half the rate at one read outstanding: a read finding k - 1 others runs at k / (k + 1).
+    link = DepthLink(100.0, half=1.0)
+    assert link.reserve(0.0, 100) == (0.0, 2.0)  # alone: 50 B/s
+    assert link.reserve(0.0, 100) == (2.0, 3.5)  # behind one: 2/3 of 100 B/s, after it
+    assert link.reserve(5.0, 100) == (5.0, 7.0)  # both ended: alone again
+    assert link.reserve(6.0, 50) == (7.0, 7.75) and link.busy_s == 6.25
+    # Two equal reads queued together end when they would if re-timed as the queue drains: 100 B at
+    # depth 2 (1.5 s), then 100 B at depth 1 (2 s): 3.5 s, as above.
+    with pytest.raises(SimError, match="snic_depth_half"):
+        DepthLink(100.0, half=-1.0)
+
+
+def test_storage_queue_depth_in_the_simulation_by_hand():
+    # Two agents as in the Basic timeline: turn 0 passes end at 0.1 and 0.2 (one row each), so agent 0's turn 1
+    # reads its 64,000 bytes alone from 0.14: at half of 1 MB/s, 0.128 s (without the curve 0.064 s). Agent 1's
+    # read, issued at 0.24 while agent 0's is outstanding, runs at 2/3 of 1 MB/s, 0.096 s, after it: 0.268-0.364.
+    def run(hw):
+        cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic")
+        return Simulation(cfg, hw, TOY_MODEL, [np.array([100, 20])] * 2, [np.array([5, 5])] * 2, np.zeros(2),
+                          progress=False).run()
+    flat, deep = run(TOY_HW), run(dataclasses.replace(TOY_HW, snic_depth_half=1.0))
+    assert flat.columns()["prefill_start"][2:] == pytest.approx([0.204, 0.304])
+    assert deep.columns()["prefill_start"][2:] == pytest.approx([0.268, 0.364])
+    assert deep.columns()["done"][2:] == pytest.approx([0.369, 0.465])  # + 0.061 s of prefill + 4 steps of 10 ms
+    assert deep.host_stats()[0].snic.busy_s == pytest.approx(0.224)
+    assert deep.scheduler.th == flat.scheduler.th  # alpha from the saturated rate
 
 
 def test_deepseek_cost_model_reproduces_the_cache_compute_ratio():
