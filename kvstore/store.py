@@ -526,7 +526,8 @@ class BlockStore:
         # reads whatever the request's order (a cold read then streams instead of seeking)
         rows = sorted((i for i, e in enumerate(entries) if e is not None), key=lambda i: entries[i][0])
         futs: list = [None] * len(hashes)
-        per = max(1, _READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)))
+        per = max(1, min(_READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)),  # every reader thread busy
+                         -(-len(rows) // self.READER_THREADS)))
         for g in range(0, len(rows), per):  # a few large reads, all in flight: the first verifies while the rest land
             group = rows[g:g + per]
             fut = self._read_rows(out, group, [entries[i] for i in group], slice(layers.start, layers.stop))
