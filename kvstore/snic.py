@@ -150,11 +150,11 @@ class StorageNIC:
             nonlocal valid
             b0, layers, reads = inflight.popleft()
             piece_bytes = layout.layer_bytes * len(layers)
-            for b, read in enumerate(reads, start=b0):
-                ok = read.result() is not None
-                self._account(piece_bytes, t.tokens / n * len(layers) / layout.n_layers, piece_bytes if ok else 0)
-                if not ok:
-                    valid = min(valid, b)
+            ok = [read.result() is not None for read in reads]
+            if not all(ok):
+                valid = min(valid, b0 + ok.index(False))
+            self._account(piece_bytes * len(reads), t.tokens / n * len(reads) * len(layers) / layout.n_layers,
+                          piece_bytes * sum(ok))
             for layer in layers:
                 done_per_layer[layer] += len(reads)
             complete = 0
