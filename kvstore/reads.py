@@ -80,6 +80,72 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
     return failed
 
 
+def _bad_block(store, h: str, why: str) -> None:
+    """Block `h` did not read right: a miss, and its segment is dropped from the index (once)."""
+    if h not in store._entries:  # dropped meanwhile with a bad block of its segment
+        store.counters["misses"] += 1
+        return
+    log.warning("block %s unreadable, treated as a miss and dropped from the index with its segment: %s", h, why)
+    store.counters["bad_blocks"] += 1
+    store.invalidate(h)
+
+
+class RequestReads:
+    """A storage NIC's reads of one request's blocks, batch by batch (blocks [b0, b1), a layer of
+    them or all): the blocks are pinned and their index entries looked up once per request, not
+    per batch as `get` would, and a batch is one read task with one outcome per block (read and
+    verified, or not). Where `get` would go through TensorStore (not a local directory, or a buffer
+    whose Layer Blocks are not contiguous), a batch is a `get`."""
+
+    def __init__(self, store, hashes: list[str], out: np.ndarray):
+        self.store, self.hashes, self.out = store, hashes, out
+        self.local = store._root is not None and (out.size == 0 or out[0, 0].flags.c_contiguous)
+        if self.local:
+            store._pin(hashes)
+            self.entries = store._slots(hashes)
+
+    def submit(self, b0: int, b1: int, layers: range):
+        """Start reading blocks [b0, b1), layers `layers`, into their rows of `out`."""
+        if not self.local:
+            return self.store.get(self.hashes[b0:b1], self.out[b0:b1], layers=layers)
+        rows = sorted((i for i in range(b0, b1) if self.entries[i] is not None), key=lambda i: self.entries[i][0])
+        fut = self.store._read_rows(self.out, rows, [self.entries[i] for i in rows],
+                                    slice(layers.start, layers.stop)) if rows else None
+        return b0, b1, layers, fut
+
+    def done(self, batch) -> bool:
+        if not self.local:
+            return all(r.done() for r in batch)
+        return batch[3] is None or batch[3].done()
+
+    def collect(self, batch) -> list[bool]:
+        """Per block of the batch: whether it was read and verified (a bad one is dropped, as `get`
+        drops it)."""
+        if not self.local:
+            return [r.result() is not None for r in batch]
+        b0, b1, layers, fut = batch
+        failed = fut.result() if fut is not None else {}
+        ok = []
+        for h, entry in zip(self.hashes[b0:b1], self.entries[b0:b1]):
+            if entry is None:
+                self.store.counters["misses"] += 1
+            elif entry[0] in failed:
+                _bad_block(self.store, h, failed[entry[0]])
+            ok.append(entry is not None and entry[0] not in failed)
+        counters, n = self.store.counters, sum(ok)
+        counters["layer_blocks_read"] += n * len(layers)
+        counters["bytes_read"] += n * len(layers) * self.store.layout.layer_bytes
+        if layers.stop == self.store.layout.n_layers:  # a block counts once, at its last layer
+            counters["blocks_read"] += n
+        return ok
+
+    def close(self) -> None:
+        """Release the request's pins (after its last batch is collected)."""
+        if self.local:
+            for h in self.hashes:
+                self.store._unpin(h)
+
+
 class BlockRead:
     """One block read in flight: `done()`, and `result()` -> the verified block or None.
 
@@ -113,14 +179,7 @@ class BlockRead:
             self.store._unpin(self.hash)
 
     def _bad(self, why: str) -> None:
-        if self.hash not in self.store._entries:  # dropped meanwhile with a bad block of its segment
-            self.store.counters["misses"] += 1
-            return None
-        log.warning("block %s unreadable, treated as a miss and dropped from the index with its segment: %s",
-                    self.hash, why)
-        self.store.counters["bad_blocks"] += 1
-        self.store.invalidate(self.hash)
-        return None
+        _bad_block(self.store, self.hash, why)
 
     def __del__(self):
         if self._outcome is False:

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from kvstore.reads import RequestReads
 from kvstore.store import BlockStore
 
 _CAPPED_BATCH = 1 << 20
@@ -145,42 +146,48 @@ class StorageNIC:
         layout, n = t.store.layout, len(t.hashes)
         inflight: collections.deque = collections.deque()
         valid, done_per_layer = n, collections.Counter()
+        reads = RequestReads(t.store, t.hashes, t.out)
 
         def collect():
             nonlocal valid
-            b0, layers, reads = inflight.popleft()
-            piece_bytes = layout.layer_bytes * len(layers)
-            ok = [read.result() is not None for read in reads]
+            b0, b1, layers, batch = inflight.popleft()
+            ok = reads.collect(batch) if batch is not None else []
+            ok += [False] * (b1 - b0 - len(ok))  # blocks past a known miss, skipped
             if not all(ok):
                 valid = min(valid, b0 + ok.index(False))
-            self._account(piece_bytes * len(reads), t.tokens / n * len(reads) * len(layers) / layout.n_layers,
+            piece_bytes = layout.layer_bytes * len(layers)
+            self._account(piece_bytes * len(ok), t.tokens / n * len(ok) * len(layers) / layout.n_layers,
                           piece_bytes * sum(ok))
             for layer in layers:
-                done_per_layer[layer] += len(reads)
+                done_per_layer[layer] += len(ok)
             complete = 0
             while complete < layout.n_layers and done_per_layer[complete] == n:
                 complete += 1
             t._advance(complete, valid)
 
-        # Uncapped: few large reads (one TensorStore read each). Capped: at most 1 MiB per read, so
-        # pacing stays fine-grained at the few MB/s an emulated storage NIC runs at.
+        # Uncapped: few large reads. Capped: at most 1 MiB per read, so pacing stays fine-grained at
+        # the few MB/s an emulated storage NIC runs at.
         batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes)
-        for i, (b0, b1, layers) in enumerate(batches):
-            good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
-            reads: list = []
-            if good > b0:
-                if self.cap:
-                    cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
-                    # the link runs on from where it was, so this host's own time between reads (issuing,
-                    # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
-                    self._link_free = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
-                    time.sleep(max(0.0, self._link_free - self.clock()))
-                reads = t.store.get(t.hashes[b0:good], t.out[b0:good], layers=layers)
-            inflight.append((b0, layers, reads + [_Skipped()] * (b1 - good)))
-            while len(inflight) >= self.window or (inflight and all(r.done() for r in inflight[0][2])):
+        try:
+            for i, (b0, b1, layers) in enumerate(batches):
+                good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
+                batch = None
+                if good > b0:
+                    if self.cap:
+                        cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
+                        # the link runs on from where it was, so this host's own time between reads (issuing,
+                        # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
+                        self._link_free = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
+                        time.sleep(max(0.0, self._link_free - self.clock()))
+                    batch = reads.submit(b0, good, layers)
+                inflight.append((b0, b1, layers, batch))
+                while len(inflight) >= self.window or (inflight and (inflight[0][3] is None
+                                                                     or reads.done(inflight[0][3]))):
+                    collect()
+            while inflight:
                 collect()
-        while inflight:
-            collect()
+        finally:
+            reads.close()
         t._advance(layout.n_layers, valid)
 
     def stats(self) -> dict:
@@ -194,13 +201,3 @@ class StorageNIC:
             self._pending.append(None)
             self._cond.notify()
         self._thread.join()
-
-
-class _Skipped:
-    """Stands in for the read of a piece that is already known to be a miss."""
-
-    def done(self) -> bool:
-        return True
-
-    def result(self):
-        return None
