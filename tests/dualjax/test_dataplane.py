@@ -121,6 +121,7 @@ def test_mpi_transport_delivers_every_array_bit_exact():
 def test_dataplane_benchmark_quick(tmp_path):
     from dualjax.bench import dataplane
     result = dataplane.main(["--quick", "--json", str(tmp_path / "dp.json")])
-    assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "stages"} <= set(result)
+    assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "pe_vs_raw_parallel", "de_vs_raw_parallel",
+            "stages"} <= set(result)
     assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
