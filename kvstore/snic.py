@@ -3,8 +3,8 @@
 On one machine every emulated host shares one disk, so per-host storage bandwidth does not exist
 physically (docs/architecture.md §5). A `StorageNIC` serialises a host's reads FIFO, paces them to
 `cap_bytes_per_s` when set (a link: each read of at most `batch_bytes` is delivered once its
-transfer time at the cap has elapsed after the previous one's, across requests), and counts
-what it carried.
+transfer time at the cap has elapsed after the previous one's, across requests; it is read from
+the store up to `window` reads ahead of its delivery), and counts what it carried.
 Reads really come from the store; only the per-host bandwidth limit is emulated.
 
 A read fetches the Full Blocks of one request into a host buffer, either block-major or
@@ -150,8 +150,9 @@ class StorageNIC:
 
         def collect():
             nonlocal valid
-            b0, b1, layers, batch = inflight.popleft()
+            b0, b1, layers, batch, due = inflight.popleft()
             ok = reads.collect(batch) if batch is not None else []
+            time.sleep(max(0.0, due - self.clock()))  # in the buffer already; delivered when the link is through
             ok += [False] * (b1 - b0 - len(ok))  # blocks past a known miss, skipped
             if not all(ok):
                 valid = min(valid, b0 + ok.index(False))
@@ -166,23 +167,25 @@ class StorageNIC:
             t._advance(complete, valid)
 
         # Uncapped: few large reads. Capped: at most 1 MiB per read, so pacing stays fine-grained at
-        # the few MB/s an emulated storage NIC runs at.
+        # the few MB/s an emulated storage NIC runs at. A capped read is issued up to `window` reads
+        # ahead of the emulated link and delivered (progress, accounting) when the link has carried
+        # it: this host's CPU being busy elsewhere (a prefill on the same cores) then does not slow
+        # the link down, as it would not slow a real NIC's DMA.
         batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes)
         try:
             for i, (b0, b1, layers) in enumerate(batches):
                 good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
-                batch = None
+                batch, due = None, 0.0
                 if good > b0:
                     if self.cap:
                         cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
                         # the link runs on from where it was, so this host's own time between reads (issuing,
                         # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
-                        self._link_free = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
-                        time.sleep(max(0.0, self._link_free - self.clock()))
+                        self._link_free = due = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
                     batch = reads.submit(b0, good, layers)
-                inflight.append((b0, b1, layers, batch))
-                while len(inflight) >= self.window or (inflight and (inflight[0][3] is None
-                                                                     or reads.done(inflight[0][3]))):
+                inflight.append((b0, b1, layers, batch, due))
+                while len(inflight) >= self.window or (inflight and inflight[0][4] <= self.clock() and (
+                        inflight[0][3] is None or reads.done(inflight[0][3]))):
                     collect()
             while inflight:
                 collect()
