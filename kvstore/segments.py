@@ -1,22 +1,37 @@
-"""Segment files of the KV block store (format version 2, docs/store.md): how many blocks one
-holds, its zarr3 metadata and shard index, and how a file's new value is staged and published
-atomically (a temp file renamed or hard-linked into place on a local directory; one TensorStore
-write elsewhere)."""
+"""Segment files of the KV block store (format version 3, docs/store.md): how many blocks one
+holds, its zarr3 metadata and shard index, its entry (its blocks' hashes, slots, parents, token
+ids and per-Layer-Block checksums), and how a segment is written and made visible atomically (a
+temp file renamed into place on a local directory; one TensorStore write elsewhere).
+
+A segment file is its zarr3 shard index, its blocks' Layer Blocks, then its entry and the entry's
+length. TensorStore finds chunks through the shard index and ignores the bytes after the last
+one, so the entry rides in the same file and `index/<hash>` is a hard link to that file; the
+blocks start where they did before the entry moved in (`shard_index_bytes`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import struct
 import threading
 
 import numpy as np
 import tensorstore as ts
+import xxhash
 
+from kvstore.hashing import hash_block
 from kvstore.layout import BlockLayout
 
 SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS)
 MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
 SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
+ENTRY_MAGIC = b"DJIX6"
+_ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, then _ENTRY_TAIL
+_RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
+_ENTRY_TAIL = struct.Struct("<QI")  # XXH3-64 of the entry before it, the entry's length (checksum included)
+_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 
 
 def segment_slots(layout: BlockLayout) -> int:
@@ -39,15 +54,16 @@ def zarr_metadata(layout: BlockLayout, slots: int) -> dict:
             "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}, "codecs": [shard]}
 
 
-def shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> np.ndarray:
-    """The zarr3 shard index [slots, L, 2] of a segment file holding n blocks from position
+@functools.lru_cache(maxsize=256)
+def shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> bytes:
+    """The zarr3 shard index [slots, L, 2] (<u8) of a segment file holding n blocks from position
     `first`: (offset, length) per Layer Block, both all-ones for absent ones; the blocks follow
-    the index in slot, layer order."""
+    the index in slot, layer order. Cached: a writer uses few (first, n)."""
     index = np.full((slots, layout.n_layers, 2), np.iinfo(np.uint64).max, "<u8")
     offsets = shard_index_bytes(layout, slots) + np.arange(n * layout.n_layers, dtype="<u8") * layout.layer_bytes
     index[first:first + n, :, 0] = offsets.reshape(n, layout.n_layers)
     index[first:first + n, :, 1] = layout.layer_bytes
-    return index
+    return index.tobytes()
 
 
 def shard_index_bytes(layout: BlockLayout, slots: int) -> int:
@@ -55,70 +71,132 @@ def shard_index_bytes(layout: BlockLayout, slots: int) -> int:
     return slots * layout.n_layers * 16
 
 
+def _record_bytes(layout: BlockLayout) -> int:
+    return _RECORD_HEAD.size + 8 * layout.n_layers + 4 * layout.block_tokens
+
+
+def entry_bytes_max(layout: BlockLayout, slots: int) -> int:
+    """The most bytes the entry of a segment of `slots` blocks takes, length included: how much of
+    a segment file's end a lookup reads."""
+    return _ENTRY_HEAD.size + slots * (16 + _record_bytes(layout)) + _ENTRY_TAIL.size
+
+
+def encode_entry(ids: list, slots: list[int], sums: np.ndarray) -> bytes:
+    """A segment's entry: magic, n, the n block hashes, n records (slot, parent hash, one XXH3-64
+    per Layer Block from `sums` [n, L], token ids), an XXH3-64 of all of it and its length."""
+    body = b"".join([_ENTRY_HEAD.pack(ENTRY_MAGIC, len(ids)), *(bytes.fromhex(b.hash) for b in ids),
+                     *(_RECORD_HEAD.pack(slot, bytes.fromhex(b.parent)) + s.tobytes() +
+                       np.asarray(b.tokens, "<i4").tobytes() for b, slot, s in zip(ids, slots, sums))])
+    return body + _ENTRY_TAIL.pack(xxhash.xxh3_64_intdigest(body), len(body) + 8)
+
+
+def decode_entry(raw: bytes, h: str, layout: BlockLayout) -> tuple[int, np.ndarray, tuple[str, ...]] | None:
+    """Block `h`'s record from `raw`, bytes that end with a segment's entry (the segment file's
+    tail, or the entry alone): (slot, its L Layer Block checksums, the segment's block hashes);
+    None when the entry is malformed or fails its checksum, or `h`'s record is absent or does not
+    hash back to `h`."""
+    end = len(raw) - 4
+    length = int.from_bytes(raw[end:], "little") if end >= 0 else 0
+    start, size = end - length, _record_bytes(layout)
+    magic, n = _ENTRY_HEAD.unpack_from(raw, start) if start >= 0 and length >= _ENTRY_HEAD.size + 8 else (b"", 0)
+    if magic != ENTRY_MAGIC or not n or length != _ENTRY_HEAD.size + n * (16 + size) + 8 or \
+            xxhash.xxh3_64_intdigest(memoryview(raw)[start:end - 8]) != int.from_bytes(raw[end - 8:end], "little"):
+        return None
+    first = start + _ENTRY_HEAD.size
+    members = tuple(raw[first + 16 * i:first + 16 * (i + 1)].hex() for i in range(n))
+    if h not in members:
+        return None
+    at = first + 16 * n + size * members.index(h)
+    slot, parent = _RECORD_HEAD.unpack_from(raw, at)
+    L, T = layout.n_layers, layout.block_tokens
+    tokens = np.frombuffer(raw, "<i4", T, at + _RECORD_HEAD.size + 8 * L)
+    if not 0 <= slot < 1 << SLOT_BITS or hash_block(parent.hex(), tokens, layout) != h:
+        return None
+    return slot, np.frombuffer(raw, "<u8", L, at + _RECORD_HEAD.size), members
+
+
+def read_tail(path: str, limit: int) -> bytes | None:
+    """The last `limit` bytes of a local file (all of a shorter one); None when it does not exist,
+    b"" when it cannot be read (a lookup then finds no entry: a bad block, not a crash)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return b""
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, min(size, limit), max(0, size - limit))
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def _bytes_of(a) -> memoryview:
     """The bytes of a C-contiguous array (any dtype, bfloat16 included) or bytes, not copied."""
     return memoryview(a if isinstance(a, bytes) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-class Staged:
-    """A local file's new value, written to a temp file beside it (unique to this process and
-    thread, fsynced when `sync`); `publish()` renames it into place (atomic), `discard()` removes
-    it."""
+def _pwrite_all(fd: int, parts: list, offset: int) -> int:
+    """Write `parts` from `offset` on (writev's short writes resumed); returns the end offset."""
+    views = [_bytes_of(p) for p in parts]
+    while views:
+        done = os.pwritev(fd, views[:_IOV_MAX], offset)
+        offset += done
+        while views and done >= len(views[0]):
+            done -= len(views.pop(0))
+        if views and done:
+            views[0] = views[0][done:]
+    return offset
 
-    def __init__(self, path: str, parts: list, sync: bool):
-        self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-        views = [_bytes_of(p) for p in parts]
+
+class SegmentFile:
+    """A local segment file in the making, in a temp file beside `path` (unique to this process
+    and thread): `parts` (shard index, blocks) written at once from the caller's arrays, no copy;
+    `finish(entry, sync)` appends the entry, fsyncs when `sync` and renames the file into place
+    (atomic); `discard()` removes the temp file."""
+
+    def __init__(self, path: str, parts: list):
+        self.path, self.tmp, self.fd = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp", None
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                while views:
-                    done = os.writev(fd, views[:1024])
-                    while views and done >= len(views[0]):
-                        done -= len(views.pop(0))
-                    if views and done:
-                        views[0] = views[0][done:]
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.size = _pwrite_all(self.fd, parts, 0)
         except OSError:
             self.discard()
             raise
 
-    def publish(self) -> None:
+    def finish(self, entry: bytes, sync: bool) -> None:
         try:
+            _pwrite_all(self.fd, [entry], self.size)
+            if sync:
+                os.fsync(self.fd)
+            fd, self.fd = self.fd, None
+            os.close(fd)
             os.replace(self.tmp, self.path)
         except OSError:
             self.discard()
             raise
 
-    def publish_as(self, paths: list[str]) -> None:
-        """Hard-link the file at each of `paths` (each link appears atomically; one already there
-        is another writer's equal entry and stays), then drop the temp name."""
-        try:
-            for path in paths:
-                with contextlib.suppress(FileExistsError):
-                    os.link(self.tmp, path)
-        finally:
-            self.discard()
-
     def discard(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
 
 
-class Pending:
-    """A value for a TensorStore kvstore (not a local directory): one write at `publish()`."""
+class KvSegment:
+    """A segment for a TensorStore kvstore (not a local directory): the same bytes as a local
+    file, one write of the whole value at `finish()` (TensorStore's file_io_sync decides
+    durability)."""
 
     def __init__(self, kv: ts.KvStore, key: str, parts: list):
-        self.kv, self.key, self.value = kv, key, b"".join(_bytes_of(p) for p in parts)
+        self.kv, self.key, self.parts = kv, key, [_bytes_of(p) for p in parts]
 
-    def publish(self) -> None:
-        self.kv.write(self.key, self.value).result()
-
-    def publish_as(self, keys: list[str]) -> None:
-        for f in [self.kv.write(key, self.value) for key in keys]:
-            f.result()
+    def finish(self, entry: bytes, sync: bool) -> None:
+        self.kv.write(self.key, b"".join([*self.parts, entry])).result()
 
     def discard(self) -> None:
-        self.value = b""
+        self.parts = []

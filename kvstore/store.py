@@ -1,36 +1,38 @@
 """The KV block store: Full Blocks in segment files, named by chained content hashes.
 
-On-disk format, version 2 (docs/store.md describes it byte by byte), under one TensorStore
+On-disk format, version 3 (docs/store.md describes it byte by byte), under one TensorStore
 kvstore (a local directory by default, `memory://` in tests, any TensorStore kvstore by spec):
 
 * `dualjax_store.json`: format, version, layout, fingerprint and `segment_slots` S. A store
   refuses another fingerprint, and a store of another format version, naming both;
 * `data/`: a zarr3 array `[slots, L, T, *record]` chunked in **segments** of S consecutive slots.
   A segment is one file (`data/<slot // S>.0.0...`, a zarr3 shard): its shard index (S·L
-  little-endian (offset, length) pairs), then its blocks' Layer Blocks in slot, layer order. A put
-  writes its new blocks into fresh segments, so one file holds up to S blocks of one put;
-* `index/<hash>`: the block's segment's **entry file** (magic `DJIX5`, n, the n block hashes, per
-  block its slot, parent hash, one XXH3-64 per Layer Block and its token ids, then an XXH3-64 of
-  all of it), one per segment, linked once per block (a copy per key where links do not exist)
-  only after the segment file is in place: a block is visible only once completely written.
-  A read checks the entry's checksum, re-hashes (parent, tokens), which must give the key back,
-  and checks each Layer Block it fetched against its checksum.
+  little-endian (offset, length) pairs), its blocks' Layer Blocks in slot, layer order, then its
+  **entry** (the blocks' hashes; per block its slot, parent hash, one XXH3-64 per Layer Block and
+  token ids; an XXH3-64 of all of it; its length). A put writes its new blocks into fresh
+  segments, so one file holds up to S blocks of one put;
+* `index/<hash>`: a hard link to the block's segment file (on kvstores without links, a copy of
+  its entry), made only once the file is complete and in place: a block is visible only once
+  completely written. A lookup reads the entry from the file's end, checks its checksum,
+  re-hashes (parent, tokens), which must give the key back, and a read checks each Layer Block it
+  fetched against its checksum.
 
-On a local directory, files are written with one `writev` to a temp file and renamed (no copy of
-the caller's arrays), and read with `preadv` straight into the caller's buffer on reader threads
-that verify each Layer Block as it lands; other kvstores go through TensorStore.
+On a local directory, a segment file is written with one `writev` to a temp file (no copy of the
+caller's arrays) by a writer thread while the caller checksums the blocks, then the entry is
+appended and the file renamed; blocks are read with `preadv` straight into the caller's buffer on
+reader threads that verify each Layer Block as it lands; other kvstores go through TensorStore.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
 every put starts a fresh segment, so processes writing one directory never collide and need no
-coordination (nor locks: every file has one writer, and an entry's content is fixed by its
-blocks). A block that is corrupt, truncated or missing reads as a miss (never wrong bytes);
+coordination (nor locks: every file has one writer, and a link's target is fixed by its blocks).
+A block that is corrupt, truncated or missing reads as a miss (never wrong bytes);
 `get_prefix` stops at the first one, and the bad block's whole segment is dropped (the next put
 writes its blocks again). A store is a cache: `cache()` turns a failed write (disk full, I/O
 error, permission) into blocks not cached, logged once per cause and counted. With a byte budget,
 eviction frees whole segments, least recently used first (reading a block makes its segment
-recent), entries first, then the file; never a segment holding a block this process is reading,
-and a budget exceeded because of one is restored when that read ends. A block another process
-evicts under a reader reads as a miss.
+recent), index links first, then the file; never a segment holding a block this process is
+reading, and a budget exceeded because of one is restored when that read ends. A block another
+process evicts under a reader reads as a miss.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import contextlib
 import json
 import logging
 import os
-import struct
 import threading
 import weakref
 
@@ -55,8 +56,12 @@ from kvstore.layout import BlockLayout
 from kvstore.reads import BlockRead, pread_rows
 from kvstore.segments import (
     SLOT_BITS,
-    Pending,
-    Staged,
+    KvSegment,
+    SegmentFile,
+    decode_entry,
+    encode_entry,
+    entry_bytes_max,
+    read_tail,
     segment_slots,
     shard_index,
     shard_index_bytes,
@@ -66,14 +71,11 @@ from kvstore.segments import (
 log = logging.getLogger(__name__)
 
 MANIFEST = "dualjax_store.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 _READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
-_ENTRY_MAGIC = b"DJIX5"
-_ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, an XXH3-64
-_RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
 
 
 def _describe(layout_json) -> str:
@@ -83,8 +85,9 @@ def _describe(layout_json) -> str:
         return f"unreadable layout {layout_json!r}"
 
 
-def _layer_sums(block: np.ndarray) -> np.ndarray:
-    return np.array([xxhash.xxh3_64_intdigest(layer) for layer in block], "<u8")
+def _layer_sums(blocks: list[np.ndarray]) -> np.ndarray:
+    """[n, L] XXH3-64 of each block's Layer Blocks."""
+    return np.array([[xxhash.xxh3_64_intdigest(layer) for layer in block] for block in blocks], "<u8")
 
 
 def _new_writer() -> int:
@@ -219,7 +222,8 @@ class BlockStore:
             raise StoreError(f"{MANIFEST} is not a dualjax store manifest") from None
         if version != FORMAT_VERSION:
             raise StoreError(f"store format version {version} is not this dualjax's version {FORMAT_VERSION} "
-                             f"(segment files since version 2); use a new store directory or delete the old store",
+                             f"(entries inside segment files since version 3); use a new store directory or delete "
+                             "the old store",
                              "version")
         if theirs != want["fingerprint"]:
             raise FingerprintMismatch(
@@ -276,33 +280,37 @@ class BlockStore:
         """
         if len(ids) != len(blocks):
             raise ValueError(f"put: {len(ids)} ids for {len(blocks)} blocks")
-        for bid, block in zip(ids, blocks):
-            self.layout.check_block(np.asarray(block), f"block {bid.hash}")
-            if hash_block(bid.parent, bid.tokens, self.layout) != check_hash(bid.hash):
+        layout = self.layout
+        if not (isinstance(blocks, np.ndarray) and blocks.shape[1:] == layout.full_shape
+                and blocks.dtype == layout.np_dtype):  # one check for an array of Full Blocks, else one per block
+            for bid, block in zip(ids, blocks):
+                layout.check_block(np.asarray(block), f"block {bid.hash}")
+        for bid in ids:
+            if hash_block(bid.parent, bid.tokens, layout) != check_hash(bid.hash):
                 raise ValueError(f"block id {bid.hash} does not match the hash of its parent and tokens")
         present = self._present([bid.hash for bid in ids])  # the store's word: a bad block gets rewritten
         new = [i for i, p in enumerate(present) if not p]
         if self.capacity_bytes is not None:
-            new = new[:self.capacity_bytes // self.layout.block_bytes]
+            new = new[:self.capacity_bytes // layout.block_bytes]
         if not new:
             return 0
         cap = self._segment_cap()
         todo = [(ids[i], np.asarray(blocks[i]), base + j) for s in range(0, len(new), cap)
                 for base in [self._next_segment()] for j, i in enumerate(new[s:s + cap])]
-        self._evict_for(len(todo) * self.layout.block_bytes)
+        self._evict_for(len(todo) * layout.block_bytes)
         try:
             entries = self._write_blocks(todo)
         except (ValueError, OSError) as e:
             self.counters["write_failures"] += 1
             raise StoreError(f"writing {len(todo)} blocks failed: {e}", cause_of(e)) from None
+        S = self.slots_per_segment
         with self._lock:
-            for bid, _, _ in todo:
-                slot, sums, members = entries[bid.hash]
-                self._entries[bid.hash] = (slot, sums)
-                self._view.segments[bid.hash] = (slot // self.slots_per_segment, members)
-                self._view.lru[bid.hash] = None
+            for h, (slot, sums, members) in entries.items():
+                self._entries[h] = (slot, sums)
+                self._view.segments[h] = (slot // S, members)
+                self._view.lru[h] = None
         self.counters["blocks_written"] += len(todo)
-        self.counters["bytes_written"] += len(todo) * self.layout.block_bytes
+        self.counters["bytes_written"] += len(todo) * layout.block_bytes
         return len(todo)
 
     def cache(self, ids: list[BlockId], blocks) -> int:
@@ -319,60 +327,58 @@ class BlockStore:
             return 0
 
     def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray, tuple[str, ...]]]:
-        """Segment files first, written by the writer thread while this one checksums the blocks
-        and stages each segment's entry file; the index entries appear (as links to it) only once
-        every segment file is in place, so a block is visible only once complete. On failure
-        nothing of this call is visible. Returns hash -> (slot, layer checksums, segment
-        members). The seam where tests inject write faults."""
+        """Segment files, each written by the writer thread (shard index and blocks) while this one
+        checksums the blocks and encodes the segment's entry, then finished here (entry appended,
+        fsync when `sync`, renamed into place); the index links appear only once every segment
+        file is in place, so a block is visible only once complete. On failure nothing of this
+        call is visible. Returns hash -> (slot, layer checksums, segment members). The seam where
+        tests inject write faults."""
         S, segments = self.slots_per_segment, collections.defaultdict(list)
-        for bid, block, slot in todo:
-            segments[slot // S].append((bid, block, slot))
-        writes = {seg: self._writer_pool.submit(self._write_segment, blocks) for seg, blocks in segments.items()}
-        entries, staged = {}, []
+        for item in todo:
+            segments[item[2] // S].append(item)
+        files = {seg: self._writer_pool.submit(self._start_segment, seg, items) for seg, items in segments.items()}
+        entries, tails = {}, {}
         try:
-            for seg, blocks in segments.items():
-                members = tuple(bid.hash for bid, _, _ in blocks)
-                entries.update({bid.hash: (slot, _layer_sums(block), members) for bid, block, slot in blocks})
-                body = self._entry_file([(bid, *entries[bid.hash][:2]) for bid, _, _ in blocks])
-                staged.append((members, self._stage(self.index_kv, "index", f"{self.segment_key(seg)}.entries",
-                                                    [body])))
-            for w in writes.values():
-                w.result()
+            for seg, items in segments.items():
+                bids, slots = [bid for bid, _, _ in items], [slot for _, _, slot in items]
+                sums, members = _layer_sums([block for _, block, _ in items]), tuple(bid.hash for bid in bids)
+                tails[seg] = encode_entry(bids, slots, sums)
+                entries.update((bid.hash, (slot, s, members)) for bid, slot, s in zip(bids, slots, sums))
+            for seg, f in files.items():
+                f.result().finish(tails[seg], self.sync)
         except BaseException:
-            concurrent.futures.wait(writes.values())
-            for _, item in staged:
-                item.discard()
-            for seg in writes:
+            concurrent.futures.wait(files.values())
+            for f in files.values():
+                if f.exception() is None:
+                    f.result().discard()
+            for seg in files:
                 self._drop([], seg)
             raise
-        for members, item in staged:
-            item.publish_as([m if self._root is None else os.path.join(self._root, "index", m) for m in members])
+        for seg, items in segments.items():
+            self._link(seg, [bid.hash for bid, _, _ in items], tails[seg])
         return entries
 
-    def _write_segment(self, seg) -> None:
-        """A segment's file: its zarr3 shard index, then its blocks (Layer Blocks in slot, layer
-        order), written whole from the callers' arrays (no copy on a local disk)."""
-        first, S = seg[0][2], self.slots_per_segment
-        index = shard_index(self.layout, S, first % S, len(seg))
-        self._stage(self.data_kv, "data", self.segment_key(first // S), [index] + [b for _, b, _ in seg],
-                    self.sync).publish()
-
-    def _stage(self, kv: ts.KvStore, sub: str, key: str, parts: list, sync: bool = False):
-        """`key`'s new value, to `publish()` (visible whole or not at all) or `discard()`: on a
-        local directory a temp file written now with one writev, renamed at publish; elsewhere
-        one TensorStore write at publish."""
+    def _start_segment(self, seg: int, items: list) -> SegmentFile | KvSegment:
+        """A segment's file begun (on the writer thread): its zarr3 shard index and its blocks (Layer
+        Blocks in slot, layer order), from the callers' arrays (no copy on a local disk)."""
+        S = self.slots_per_segment
+        parts = [shard_index(self.layout, S, items[0][2] % S, len(items)), *(block for _, block, _ in items)]
         if self._root is None:
-            return Pending(kv, key, parts)
-        return Staged(os.path.join(self._root, sub, key), parts, sync)
+            return KvSegment(self.data_kv, self.segment_key(seg), parts)
+        return SegmentFile(os.path.join(self._root, "data", self.segment_key(seg)), parts)
 
-    def _entry_file(self, records: list[tuple[BlockId, int, np.ndarray]]) -> bytes:
-        """A segment's index entries, one file (each block's `index/<hash>` names it): magic, n,
-        the n block hashes, n records (slot, parent hash, layer checksums, token ids), and an
-        XXH3-64 of all of it."""
-        body = b"".join([_ENTRY_HEAD.pack(_ENTRY_MAGIC, len(records)), *(bytes.fromhex(b.hash) for b, _, _ in records),
-                         *(_RECORD_HEAD.pack(slot, bytes.fromhex(b.parent)) + sums.tobytes() +
-                           np.asarray(b.tokens, "<i4").tobytes() for b, slot, sums in records)])
-        return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+    def _link(self, seg: int, hashes: list[str], entry: bytes) -> None:
+        """Make a finished segment's blocks visible: `index/<hash>` a hard link to its file (each
+        appears atomically; one already there, another writer's equal block, stays), or on
+        kvstores without links a copy of its entry."""
+        if self._root is None:
+            for f in [self.index_kv.write(h, entry) for h in hashes]:
+                f.result()
+            return
+        path = os.path.join(self._root, "data", self.segment_key(seg))
+        for h in hashes:
+            with contextlib.suppress(FileExistsError):
+                os.link(path, os.path.join(self._root, "index", h))
 
     # -- index ---------------------------------------------------------------------------------
     def _present(self, hashes: list[str]) -> list[bool]:
@@ -438,41 +444,45 @@ class BlockStore:
         except ValueError as e:
             log.warning("dropping blocks %s failed: %s", ", ".join(members), e)
 
-    def _parse_entry(self, h: str, got) -> tuple[int, np.ndarray] | None:
-        """(slot, layer checksums) of block `h` from its verified entry file, or None: missing, or
-        malformed (then dropped from the index and counted as a bad block, so the next put writes
-        it again)."""
-        if got.state != "value":
+    def _parse_entry(self, h: str, raw: bytes | None) -> tuple[int, np.ndarray] | None:
+        """(slot, layer checksums) of block `h` from `raw` (its segment file's tail, or its entry), or
+        None: missing, or malformed (then dropped from the index and counted as a bad block, so
+        the next put writes it again). A local segment file whose entry is unreadable (cut short,
+        garbled) cannot serve any of its blocks: it is emptied, so its space returns at once (its
+        other blocks' links then read as malformed in turn)."""
+        if raw is None:
             return None
-        raw, L, T, head = got.value, self.layout.n_layers, self.layout.block_tokens, _ENTRY_HEAD.size
-        n = _ENTRY_HEAD.unpack_from(raw)[1] if len(raw) >= head else 0
-        size = _RECORD_HEAD.size + 8 * L + 4 * T
-        ok = raw.startswith(_ENTRY_MAGIC) and n > 0 and len(raw) == head + n * (16 + size) + 8 and \
-            struct.unpack_from("<Q", raw, len(raw) - 8)[0] == xxhash.xxh3_64_intdigest(raw[:-8])
-        members = tuple(raw[head + 16 * i:head + 16 * (i + 1)].hex() for i in range(n if ok else 0))
-        at = head + 16 * n + size * members.index(h) if h in members else 0
-        slot, parent = _RECORD_HEAD.unpack_from(raw, at) if at else (-1, b"")
-        tokens = at + _RECORD_HEAD.size + 8 * L
-        if not (at and 0 <= slot < 1 << SLOT_BITS
-                and hash_block(parent.hex(), np.frombuffer(raw[tokens:tokens + 4 * T], "<i4"), self.layout) == h):
+        record = decode_entry(raw, h, self.layout)
+        if record is None:
             log.warning("index entry of block %s is malformed; dropped, the block is a miss", h)
             self.counters["bad_blocks"] += 1
             with self._lock:
                 self._forget([h])
+            if self._root is not None and raw:
+                with contextlib.suppress(OSError):
+                    os.truncate(os.path.join(self._root, "index", h), 0)
             self._drop([h], None)
             self.counters["invalidated"] += 1
             return None
-        entry = (slot, np.frombuffer(raw[at + _RECORD_HEAD.size:tokens], "<u8"))
+        slot, sums, members = record
         with self._lock:
-            self._entries[h] = entry
+            self._entries[h] = (slot, sums)
             self._view.segments[h] = (slot // self.slots_per_segment, members)
-        return entry
+        return slot, sums
 
     def _slots(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
+        """(slot, layer checksums) per block from its entry (None: a miss), read from the end of its
+        index file on a local directory (as many bytes as an entry can take), else by concurrent
+        index reads; entries verified once are remembered."""
         with self._lock:
             known = [self._entries.get(h) for h in hashes]
-        pending = {h: self.index_kv.read(h) for h, s in zip(hashes, known) if s is None}
-        return [s if s is not None else self._parse_entry(h, pending[h].result()) for h, s in zip(hashes, known)]
+        if self._root is None:
+            pending = {h: self.index_kv.read(h) for h, s in zip(hashes, known) if s is None}
+            raw = {h: (got.value if got.state == "value" else None) for h, f in pending.items() for got in [f.result()]}
+        else:
+            limit, index = entry_bytes_max(self.layout, self.slots_per_segment), os.path.join(self._root, "index")
+            raw = {h: read_tail(os.path.join(index, h), limit) for h, s in zip(hashes, known) if s is None}
+        return [s if s is not None else self._parse_entry(h, raw[h]) for h, s in zip(hashes, known)]
 
     # -- reading -------------------------------------------------------------------------------
     @contextlib.contextmanager

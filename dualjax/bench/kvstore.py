@@ -256,8 +256,8 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(dir=args.dir or os.getcwd(), prefix=".bench-kvstore-") as workdir:
         log.info("reads: %d x %d KiB blocks (small)", n_small, small.block_bytes // 1024)
         result = {"benchmark": "kvstore", "format": f"store format {kv.FORMAT_VERSION}: segment files (zarr3 shards "
-                  "of up to S blocks, Layer Block chunks), one per put; XXH3-64 per Layer Block, parent and tokens "
-                  "in one entry file per segment, linked as index/<hash>",
+                  "of up to S blocks, Layer Block chunks), one per put, ending in the segment's entry (XXH3-64 per "
+                  "Layer Block, parent and tokens per block); index/<hash> a hard link to the segment file",
                   **read_figures(small, n_small, workdir, trials)}
         log.info("writes")
         result.update(write_figures(small, n_small, workdir, trials))

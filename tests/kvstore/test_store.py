@@ -9,6 +9,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
+import xxhash
 
 import kvstore as kv
 
@@ -76,20 +77,37 @@ def test_round_trip_is_bit_exact(tmp_path, dtype):
     assert layout.np_dtype == (np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
 
 
-def test_one_put_is_one_segment_file_and_one_entry_file_linked_per_block(tmp_path, store):
+def test_one_put_is_one_file_and_each_block_is_a_link_to_it(tmp_path, store):
     ids, blocks = _chain(5), _blocks(5)
     store.put(ids[:3], blocks[:3])
     store.put(ids[3:], blocks[3:])
     data = [f for f in os.listdir(tmp_path / "store" / "data") if f != "zarr.json"]
-    entries = [os.stat(tmp_path / "store" / "index" / b.hash) for b in ids]
-    assert len(data) == 2 and not [f for f in os.listdir(tmp_path / "store" / "index") if f.endswith(".tmp")]
-    assert len({e.st_ino for e in entries[:3]}) == 1 and entries[0].st_nlink == 3 and entries[3].st_nlink == 2
+    assert len(data) == 2 and \
+        not [f for d in ("data", "index") for f in os.listdir(tmp_path / "store" / d) if f.endswith(".tmp")]
+    links = [os.stat(tmp_path / "store" / "index" / b.hash) for b in ids]
     S, L = store.slots_per_segment, LAYOUT.n_layers
     path, offset = _block_in_file(tmp_path, store, ids[4].hash)
-    assert os.path.getsize(path) == S * L * 16 + 2 * LAYOUT.block_bytes
+    assert os.stat(path).st_ino == links[4].st_ino == links[3].st_ino != links[0].st_ino  # the file holds the entry
+    assert len({e.st_ino for e in links[:3]}) == 1 and links[0].st_nlink == 4 and links[3].st_nlink == 3
+    entry = 7 + 2 * (16 + 24 + 8 * L + 4 * LAYOUT.block_tokens) + 12  # head, 2 x (hash, record), checksum, length
+    assert os.path.getsize(path) == S * L * 16 + 2 * LAYOUT.block_bytes + entry
     raw = np.fromfile(path, np.uint8)
     np.testing.assert_array_equal(raw[offset:offset + LAYOUT.block_bytes].view(np.float32).reshape(LAYOUT.full_shape),
                                   blocks[4])
+    body = raw[-entry:-12].tobytes()
+    assert body[:7] == b"DJIX6" + (2).to_bytes(2, "little") and body[7:23].hex() == ids[3].hash
+    tail = raw[-12:].tobytes()
+    assert int.from_bytes(tail[:8], "little") == xxhash.xxh3_64_intdigest(body)
+    assert int.from_bytes(tail[8:], "little") == entry - 4
+
+
+def test_tensorstore_reads_a_segment_despite_its_entry(tmp_path, store):
+    """The zarr3 driver reads a segment file by its shard index and ignores the entry after the
+    blocks: the path for non-file kvstores and for buffers whose Layer Blocks are not contiguous."""
+    ids, blocks = _chain(3), _blocks(3)
+    store.put(ids, blocks)
+    for b, want in zip(ids, blocks):
+        np.testing.assert_array_equal(store.array[store._slots([b.hash])[0][0]].read().result(), want)
 
 
 def test_a_put_of_more_than_a_segment_writes_several(tmp_path, store):
@@ -138,13 +156,13 @@ def test_bad_blocks_and_ids_are_rejected(store):
         store.get(["../../etc/passwd"])
 
 
-def _block_in_file(tmp_path, store, h):
+def _block_in_file(tmp_path, store, h, layout=LAYOUT):
     """(segment file, offset of block `h` in it): the shard index (S·L (offset, length) pairs of
-    <u8) comes first, then the segment's blocks in slot order."""
+    <u8) comes first, then the segment's blocks in slot order, then its entry."""
     slot = store._slots([h])[0][0]
     S = store.slots_per_segment
     path = tmp_path / "store" / "data" / store.segment_key(slot // S)
-    return str(path), S * LAYOUT.n_layers * 16 + slot % S * LAYOUT.block_bytes
+    return str(path), S * layout.n_layers * 16 + slot % S * layout.block_bytes
 
 
 @pytest.mark.parametrize("fault", ["flip", "truncate", "delete", "delete-entry", "bad-entry"])
@@ -170,12 +188,27 @@ def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, st
         open(entry, "wb").write(b"DJIX5" + b"\0" * 20)
     fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT)  # no cached entries
     got = fresh.get_prefix([b.hash for b in ids])
-    assert len(got) == (2 if fault == "delete" else 3)  # a deleted segment file takes all its blocks
+    # a deleted segment file takes all its blocks, and so does a truncated one (its entry is at its end)
+    assert len(got) == (2 if fault in ("delete", "truncate") else 3)
     np.testing.assert_array_equal(np.stack(got), blocks[:len(got)])
     assert not fresh.contains(victim) and fresh.contains(ids[1].hash)
-    if fault in ("flip", "truncate"):  # a bad block drops its whole segment, file included
+    if fault == "flip":  # a bad block drops its whole segment, file included
         assert not any(fresh.contains(b.hash) for b in ids[2:]) and not os.path.exists(path)
+    if fault == "truncate":  # its entry lost, every block of it is a miss and the file is emptied
+        assert not any(fresh.contains(b.hash) for b in ids[2:]) and os.path.getsize(path) == 0
+        assert fresh.stats()["bad_blocks"] == 3
     fresh.close()
+
+
+def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
+    """A segment truncated after its entry was read: the read itself finds the block short."""
+    ids, blocks = _chain(3), _blocks(3)
+    store.put(ids, blocks)
+    assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
+    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
+    os.truncate(path, offset + LAYOUT.block_bytes // 2)
+    assert len(store.get_prefix([b.hash for b in ids])) == 1 and store.stats()["bad_blocks"] == 1
+    assert not os.path.exists(path) and not any(store.contains(b.hash) for b in ids)
 
 
 def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
@@ -287,12 +320,14 @@ def test_a_bad_block_is_dropped_with_its_segment_and_rewritten_by_the_next_put(t
     np.testing.assert_array_equal(np.stack(store.get_prefix([b.hash for b in ids])), blocks)
 
 
-def test_a_store_of_another_format_version_is_refused(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_of_another_format_version_is_refused(tmp_path, version):
     spec = kv.local_spec(tmp_path / "s")
     kv.BlockStore(spec, LAYOUT).close()
     manifest = tmp_path / "s" / kv.MANIFEST
-    manifest.write_text(manifest.read_text().replace(f'"version": {kv.FORMAT_VERSION}', '"version": 1'))
-    with pytest.raises(kv.StoreError, match="store format version 1 is not this dualjax's version 2"):
+    manifest.write_text(manifest.read_text().replace(f'"version": {kv.FORMAT_VERSION}', f'"version": {version}'))
+    with pytest.raises(kv.StoreError, match=f"store format version {version} is not this dualjax's version 3 .*"
+                                            "use a new store directory or delete the old store"):
         kv.BlockStore(spec, LAYOUT)
 
 
@@ -314,8 +349,6 @@ def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers):
         for layer in range(n_layers):
             assert all(r.result() is not None for r in s.get(hashes, out, layers=range(layer, layer + 1)))
         np.testing.assert_array_equal(out, blocks)
-        path, _ = _block_in_file(tmp_path, s, hashes[-1])
-        os.truncate(path, os.path.getsize(path) - layout.block_bytes // 2)
-        fresh = kv.BlockStore(kv.local_spec(tmp_path / "store"), layout)
-        assert [r.result() is not None for r in fresh.get(hashes, out)] == [True] * (n - 1) + [False]
-        fresh.close()
+        path, offset = _block_in_file(tmp_path, s, hashes[-1], layout)
+        os.truncate(path, offset + layout.block_bytes // 2)  # entries known: the read finds the cut
+        assert [r.result() is not None for r in s.get(hashes, out)] == [True] * (n - 1) + [False]

@@ -146,7 +146,7 @@ def test_temp_files_of_a_killed_writer_are_never_read(tmp_path):
     spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(2)
     with kv.BlockStore(spec, LAYOUT) as s:
         s.put(ids, blocks)
-    (tmp_path / "s" / "index" / "5.0.0.0.0.0.entries.123-4.tmp").write_bytes(b"DJIX5 partial")
+    (tmp_path / "s" / "index" / "stray.tmp").write_bytes(b"DJIX6 partial")
     (tmp_path / "s" / "data" / "5.0.0.0.0.0.123-4.tmp").write_bytes(b"partial")
     with kv.BlockStore(spec, LAYOUT) as s:
         assert s.stats()["blocks"] == 2 and s.stats()["bad_blocks"] == 0
