@@ -7,28 +7,38 @@ appends, 8 generated tokens) on the `small` model. First an uncapped control run
 storage is a page-cache read). The per-host storage NIC cap is then set so that one NIC would need
 6x (`--storage-factor`) the control's JCT to read every hit block: loading dominates compute, as in
 the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
-theory). Then, in order of importance: 1p1d and 1p2d under basic / dualpath (the --quick set);
-1p1d under basic / pe-only / dualpath with a PE device-memory budget (`--pe-hbm-mb`, the --hbm set)
-that holds every layer of about one request's KV: Basic reads straight into device memory, so the
-budget bounds its reads in flight as well as its pass (one row), and it loads and computes in turn;
-layerwise prefill (two layers per row, reads into host DRAM) is not held back; then 2p1d and the
-remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
-share this process and the machine's cores, so hosts also contend for compute; only the per-host
-storage NIC bandwidth and the PE memory budget are emulated.
+theory; --quick, a CI smoke run of 3 agents x 3 turns, uses 4x all the same: the capped runs take
+two thirds of the time and loading still dominates). Then, in order of importance: 1p1d and 1p2d
+under basic / dualpath (the --quick set); 1p1d under basic / pe-only / dualpath with a PE
+device-memory budget (`--pe-hbm-mb`, the --hbm set) that holds every layer of about one request's
+KV: Basic reads straight into device memory, so the budget bounds its reads in flight as well as
+its pass (one row), and it loads and computes in turn; layerwise prefill (two layers per row, reads
+into host DRAM) is not held back; then 2p1d and the remaining pe-only runs, and 2p2d under dualpath
+and round-robin for storage-NIC balance. All runs share this process and the machine's cores, so
+hosts also contend for compute; only the per-host storage NIC bandwidth and the PE memory budget
+are emulated.
 
-Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine): a warm-up run of
-the control's configuration compiles its pass shapes, then the control, at the preset's size,
-measures this machine without compilation. Each capped run is predicted from the control (the
-storage factor times the control over the run's storage NICs; Basic under the budget adds its
-compute), the essential runs (the --quick set, the --hbm set, or both) are kept and the rest while
-they fit; if the essential ones do not fit, the agents shrink until they do and the control runs
-again at that size (the baseline of the capped runs). Before each run its prediction is scaled by
-how far the runs so far overran theirs; a run then predicted to end past the bound is skipped. The
-JSON lists what ran (`ran`) and what did not and why (`skipped`).
+Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine). A warm-up run of
+the control's configuration compiles its pass shapes (compilation is most of its time), then the
+control measures this machine without compilation; the control's most frequent pass shapes, timed
+bare right before and after it (`speed_probe`), tell `sim validate` how fast the machine ran then.
+This happens first at a small size (2 agents; --quick: its own 3), and again at the most agents
+up to the preset's whose warm-up, control and essential runs are predicted to fit, each scaled in
+proportion to the agents (an upper bound): a slow machine never spends its bound compiling the
+preset's size. Each capped run is predicted from the control (the storage factor times the control
+over the run's storage NICs; Basic under the budget adds its compute), the essential runs (the
+--quick set, the --hbm set, or both) are kept and the rest while they fit; if the essential ones do
+not fit, the agents shrink until they do and the control runs again at that size (the baseline of
+the capped runs). Before each run its prediction is scaled by how far the runs so far overran
+theirs; a run then predicted to end past the bound is skipped. The JSON lists what ran (`ran`) and
+what did not and why (`skipped`).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -40,130 +50,225 @@ from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import load_run
 from dualjax.plots import plot_compare
 from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.startup import prefill_seconds
 
 log = logging.getLogger("dualjax.bench.e2e")
 
 QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "dualpath")]
 FULL = QUICK + [("2p1d", "basic"), ("2p1d", "dualpath"), ("1p1d", "pe-only"), ("1p2d", "pe-only"),
                 ("2p1d", "pe-only"), ("2p2d", "dualpath"), ("2p2d", "round-robin")]
+FACTOR = 6.0  # the storage factor (below): loading dominates compute
+QUICK_AGENTS, QUICK_TURNS, QUICK_FACTOR = 3, 3, 4.0  # --quick: still storage-bound, two thirds of the capped time
 HBM = ["basic", "pe-only", "dualpath"]  # on 1p1d with the PE memory budget
 CONTROL = "control-uncapped-1p1d-basic"
 BASIC_HBM_COMPUTE = 1.0  # Basic under the budget loads, then computes: at most the control's compute on top
+MIN_AGENTS = 2  # the size measured first (the default and --hbm sets), before growing to what fits
 RUN_OVERHEAD_S = 5.0  # least wall of a run beyond its JCT once the warm-up compiled (start-up, stats, report)
 MARGIN = 0.9  # the runs are sized to this share of the wall time left
+PROBE_SHAPES = 4  # the speed probe times the control's most frequent pass shapes, once each
 
 
 def main(argv=None) -> dict:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    t_start = time.time()
+    shutil.rmtree(args.out, ignore_errors=True)
+    k = args.storage_factor or (QUICK_FACTOR if args.quick else FACTOR)
+    walls: dict[str, dict] = {}  # per run: its JCT and its wall time
+    run = functools.partial(_run, args.out, walls)
+    planned, essential = _planned(args.quick, args.hbm)
+    budget = lambda: MARGIN * (args.max_wall_s - (time.time() - t_start))  # noqa: E731
+    m = _measure(run, walls, planned, essential, k, budget, args.quick)
+    hit_bytes = sum(h["storage_bytes"] for h in m.control["hosts"])
+    cap = hit_bytes / (k * m.control["jct_s"])
+    log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
+             cap / 1e6, hit_bytes / 1e6, k)
+    skipped = {_name(r): "left out: predicted from the control (measured after the warm-up) to end past "
+                         "--max-wall-s after the essential runs" for r in m.left_out}
+    out = _capped(run, m, k, cap, lambda: time.time() - t_start, args, skipped)
+    figure = os.path.join(args.out, "jct_per_policy.png")
+    plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in out["reports"]])
+    result = _result(args, m, out, k, cap, hit_bytes, planned, essential, figure, skipped, walls)
+    result["wall_s"] = time.time() - t_start
+    emit(result, args.json)
+    return result
+
+
+def _parse(argv) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("--out", default="runs/bench-e2e", help="where the runs and plots go")
-    p.add_argument("--storage-factor", type=float, default=6.0,
-                   help="the cap makes one storage NIC need this many times the uncapped JCT (default 6)")
+    p.add_argument("--storage-factor", type=float,
+                   help=f"the cap makes one storage NIC need this many times the uncapped JCT (default {FACTOR:g}; "
+                   f"{QUICK_FACTOR:g} with --quick)")
     p.add_argument("--max-wall-s", type=float, default=840.0,
                    help="skip runs that would end past this many seconds of wall time (default 840)")
     p.add_argument("--hbm", action="store_true",
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    t_start = time.time()
-    shutil.rmtree(args.out, ignore_errors=True)
+    return p.parse_args(argv)
+
+
+def _run(out: str, walls: dict, base: RunConfig, name: str, **changes) -> dict:
+    """One embedded run of `base` with `changes` into `out/name`; its JCT and wall go into `walls`."""
+    cfg = base.replace(out=os.path.join(out, name), **changes)
+    t0 = time.time()
+    r = run_embedded(cfg, progress=False)
+    peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
+    walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0, "rows_per_pass": rows_per_pass(r),
+                   "pe_buffer_peak_mb": peak / 1e6, "agents": cfg.agents}
+    log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f  PE buffer peak %.1f MB",
+             name, r["jct_s"], walls[name]["wall_s"], r["paths"],
+             None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r),
+             walls[name]["pe_buffer_peak_mb"])
+    return r
+
+
+@dataclasses.dataclass
+class Measured:
+    """The machine measured before the capped runs: the configuration they run (`base`, at the agents
+    chosen), its uncapped control, the speed probe around it, the runs kept and left out."""
+
+    base: RunConfig
+    control: dict
+    shapes: list
+    probes: list
+    overhead_s: float
+    runs: list
+    left_out: list
+    preset_agents: int
+    measured: dict  # per size measured: the warm-up's and the control's JCT and wall
+
+
+def _warm_control(run, base: RunConfig, walls_of) -> tuple[dict, list, list, dict]:
+    """The warm-up (the control's configuration: it compiles the pass shapes the compute-bound control
+    meets, so that the control times compute, not compilation), then the control with the speed probe
+    timed right before and after it: (control, probe shapes, probes, the two runs' walls)."""
+    shapes = pass_shapes(run(base, "warmup", policy="basic"))[:PROBE_SHAPES]
+    probes = [speed_probe(base.model, shapes)]
+    control = run(base, CONTROL, policy="basic")
+    probes.append(speed_probe(base.model, shapes))
+    return control, shapes, probes, {n: dict(walls_of[n]) for n in ("warmup", CONTROL)}
+
+
+def _measure(run, walls: dict, planned: list, essential: int, k: float, budget, quick: bool) -> Measured:
+    """Warm-up and control at a small size first (the --quick size, else MIN_AGENTS), then at the
+    most agents up to the preset's predicted to fit (`_grow_to`), then the runs fitted to the wall
+    left (`_fit_wall`), with the control again if that shrinks the agents."""
     base = RunConfig(ClusterSpec(1, 1), model="small", workload="agentic-e2e",
-                     agents=3 if args.quick else None, turns=3 if args.quick else None)
-
-    walls: dict[str, dict] = {}  # per run: its JCT and its wall time
-
-    def run(name: str, **changes) -> dict:
-        cfg = base.replace(out=os.path.join(args.out, name), **changes)
-        t0 = time.time()
-        r = run_embedded(cfg, progress=False)
-        peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
-        walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0, "rows_per_pass": rows_per_pass(r),
-                       "pe_buffer_peak_mb": peak / 1e6}
-        log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f  PE buffer peak %.1f MB",
-                 name, r["jct_s"], walls[name]["wall_s"], r["paths"],
-                 None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r),
-                 walls[name]["pe_buffer_peak_mb"])
-        return r
-
-    # The control's own configuration first: it compiles the pass shapes the compute-bound control
-    # meets, so the control then times compute, not compilation (the capped runs hide the few new ones).
-    run("warmup", policy="basic")
-    control = run(CONTROL, policy="basic")  # this machine's measure, compile-free
-    measure = {n: dict(w) for n, w in walls.items()}
-    k = args.storage_factor
-    planned, essential = _planned(args.quick, args.hbm)
-    preset_agents = base.agents or get_workload(base.workload).agents
-    overhead = max(RUN_OVERHEAD_S, walls[CONTROL]["wall_s"] - control["jct_s"])
-    runs, agents, left_out = _fit_wall(planned, essential, k, control["jct_s"], overhead,
-                                       MARGIN * (args.max_wall_s - (time.time() - t_start)), preset_agents)
-    if agents != preset_agents:
-        log.info("sized to %d agents so that the runs fit --max-wall-s %.0f", agents, args.max_wall_s)
+                     agents=QUICK_AGENTS if quick else None, turns=QUICK_TURNS if quick else None)
+    preset = base.agents or get_workload(base.workload).agents
+    base = base.replace(agents=preset if quick else min(preset, MIN_AGENTS))
+    control, shapes, probes, first = _warm_control(run, base, walls)
+    measured = {base.agents: first}
+    overhead = max(RUN_OVERHEAD_S, first[CONTROL]["wall_s"] - control["jct_s"])
+    units = sum(_cost(r, k) for r in planned[:essential])
+    agents = _grow_to(base.agents, preset, first["warmup"]["wall_s"], control["jct_s"], units,
+                      (essential + 2) * overhead, budget())
+    if agents > base.agents:
+        log.info("growing to %d agents: predicted to fit --max-wall-s from the runs at %d", agents, base.agents)
         base = base.replace(agents=agents)
-        control = run(CONTROL, policy="basic")  # the baseline at the capped runs' size
-    hit_bytes = sum(h["storage_bytes"] for h in control["hosts"])
-    cap = hit_bytes / (k * control["jct_s"])
-    log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
-             cap / 1e6, hit_bytes / 1e6, k)
-    jct, balance, balance_all, rows, reports, overran = {}, {}, {}, {}, [], [1.0]
-    skipped = {_name(r): "left out: predicted from the control (measured after the warm-up) to end past "
-                         "--max-wall-s after the essential runs" for r in left_out}
-    hbm_mb = _hbm_budget_mb(base)
-    hbm = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {}, "pe_buffer_peak_mb": {},
-           "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
-                   "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
-    for spec in runs:
+        control, shapes, probes, measured[agents] = _warm_control(run, base, walls)
+        overhead = max(RUN_OVERHEAD_S, measured[agents][CONTROL]["wall_s"] - control["jct_s"])
+    runs, agents, left_out = _fit_wall(planned, essential, k, control["jct_s"], overhead, budget(), base.agents)
+    if agents != base.agents:
+        log.info("sized to %d agents so that the runs fit --max-wall-s", agents)
+        base = base.replace(agents=agents)
+        control = run(base, CONTROL, policy="basic")  # the baseline at the capped runs' size
+        probes.append(speed_probe(base.model, shapes))
+    return Measured(base, control, shapes, probes, overhead, runs, left_out, preset, measured)
+
+
+def _grow_to(start: int, preset: int, warm_s: float, control_s: float, units: float, overhead_s: float,
+             budget_s: float) -> int:
+    """The most agents, from `start` up to `preset`, whose warm-up (`warm_s` wall at `start`), control
+    (`control_s`) and essential capped runs (`units` control JCTs) fit `budget_s` with `overhead_s`,
+    all scaled in proportion to the agents: an upper bound, since more agents batch more rows per pass
+    and compile fewer new shapes than the first ones did."""
+    for agents in range(preset, start, -1):
+        if agents / start * (warm_s + (1 + units) * control_s) + overhead_s <= budget_s:
+            return agents
+    return start
+
+
+def _capped(run, m: Measured, k: float, cap: float, elapsed, args, skipped: dict) -> dict:
+    """The capped runs in order, each skipped (into `skipped`) when its prediction, scaled by how far
+    the runs so far overran theirs (a slowed machine), would end past `--max-wall-s`: per cluster and
+    policy the JCT, storage-NIC balance and rows per pass, the memory-budget runs apart, run dirs."""
+    max_wall_s = args.max_wall_s
+    out = {"jct": {}, "balance": {}, "balance_all": {}, "rows": {}, "reports": []}
+    hbm_mb = _hbm_budget_mb(m.base)
+    out["hbm"] = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {}, "pe_buffer_peak_mb": {},
+                  "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
+                          "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
+    overran = [1.0]
+    for spec in m.runs:
         cluster, policy, budget = spec[0], spec[1], hbm_mb if spec[2] else None
-        name, expect = _name(spec), _cost(spec, k) * control["jct_s"]
-        # the run's own prediction, scaled by how far the runs so far overran theirs (a slowed machine)
-        predicted = expect * max(overran) + overhead
-        if time.time() - t_start + predicted > args.max_wall_s:
-            skipped[name] = f"skipped: predicted {predicted:.0f} s would end past --max-wall-s {args.max_wall_s:.0f}"
+        name, expect = _name(spec), _cost(spec, k) * m.control["jct_s"]
+        predicted = expect * max(overran) + m.overhead_s
+        if elapsed() + predicted > max_wall_s:
+            skipped[name] = f"skipped: predicted {predicted:.0f} s would end past --max-wall-s {max_wall_s:.0f}"
             log.info("%-22s %s", name, skipped[name])
             continue
-        r = run(name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6, pe_hbm_mb=budget)
+        r = run(m.base, name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6,
+                pe_hbm_mb=budget)
         overran.append(r["jct_s"] / expect)
-        reports.append(os.path.join(args.out, name))
-        if budget:
-            hbm["jct_s"][policy] = r["jct_s"]
-            hbm["rows_per_pass"][policy] = rows_per_pass(r)
-            hbm["pe_buffer_peak_mb"][policy] = walls[name]["pe_buffer_peak_mb"]
-            continue
-        jct.setdefault(cluster, {})[policy] = r["jct_s"]
-        balance.setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
-        balance_all.setdefault(cluster, {})[policy] = r["snic_max_over_avg_all_windows"]
-        rows.setdefault(cluster, {})[policy] = rows_per_pass(r)
-    if "basic" in hbm["jct_s"]:
-        hbm["vs_basic"] = {pol: t / hbm["jct_s"]["basic"] for pol, t in hbm["jct_s"].items()}
+        out["reports"].append(os.path.join(args.out, name))
+        _record(out, spec, r)
+    if "basic" in out["hbm"]["jct_s"]:
+        out["hbm"]["vs_basic"] = {pol: t / out["hbm"]["jct_s"]["basic"] for pol, t in out["hbm"]["jct_s"].items()}
+    return out
+
+
+def _record(out: dict, spec: tuple, r: dict) -> None:
+    """A capped run's figures into `_capped`'s tables: under the memory budget by policy, else by
+    cluster and policy."""
+    cluster, policy, budget = spec
+    if budget:
+        out["hbm"]["jct_s"][policy] = r["jct_s"]
+        out["hbm"]["rows_per_pass"][policy] = rows_per_pass(r)
+        out["hbm"]["pe_buffer_peak_mb"][policy] = max(h["buffer_peak_bytes"] for h in r["hosts"]
+                                                      if h["role"] == "prefill") / 1e6
+        return
+    out["jct"].setdefault(cluster, {})[policy] = r["jct_s"]
+    out["balance"].setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
+    out["balance_all"].setdefault(cluster, {})[policy] = r["snic_max_over_avg_all_windows"]
+    out["rows"].setdefault(cluster, {})[policy] = rows_per_pass(r)
+
+
+def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float, planned: list, essential: int,
+            figure: str, skipped: dict, walls: dict) -> dict:
+    """The benchmark's JSON object (less its wall time)."""
+    jct = out["jct"]
     speedup = {c: v["basic"] / v["dualpath"] for c, v in jct.items() if "basic" in v and "dualpath" in v}
     theory = {c: (ClusterSpec.parse(c).prefill + ClusterSpec.parse(c).decode) / ClusterSpec.parse(c).prefill
               for c in speedup}
-    figure = os.path.join(args.out, "jct_per_policy.png")
-    plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in reports])
     result = {
-        "benchmark": "e2e", "model": "small", "workload": base.workload, "quick": args.quick, "hbm_only": args.hbm,
-        "agents": base.agents or preset_agents, "turns": base.turns, "preset_agents": preset_agents,
-        "sizing": {"measured_at_preset_size": measure, "run_overhead_s": overhead, "margin": MARGIN,
+        "benchmark": "e2e", "model": "small", "workload": m.base.workload, "quick": args.quick, "hbm_only": args.hbm,
+        "agents": m.base.agents, "turns": m.base.turns, "preset_agents": m.preset_agents,
+        "sizing": {"measured": m.measured, "run_overhead_s": m.overhead_s, "margin": MARGIN,
                    "planned": [_name(r) for r in planned],
                    "essential": [_name(r) for r in planned[:essential]]},
         "cap_mbps": cap / 1e6,
         "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
-        "control_uncapped_jct_s": control["jct_s"], "hit_bytes": hit_bytes,
-        "control_rows_per_pass": rows_per_pass(control),
+        "control_uncapped_jct_s": m.control["jct_s"], "hit_bytes": hit_bytes,
+        "control_rows_per_pass": rows_per_pass(m.control),
         # what every run here profiled at start-up (once per process): the simulator replays it
-        "runtime_profile": {"prefill_tokens_per_s": control["prefill_tokens_per_s"],
-                            "pack_fit": next(h["pack_fit"] for h in control["hosts"] if h["role"] == "prefill")},
+        "runtime_profile": {"prefill_tokens_per_s": m.control["prefill_tokens_per_s"],
+                            "pack_fit": next(h["pack_fit"] for h in m.control["hosts"] if h["role"] == "prefill")},
+        # the control's most frequent pass shapes [rows, new, prefix, passes], timed bare (passes x seconds)
+        # right before and after it (and after it again at a shrunk size)
+        "speed_probe": {"shapes": m.shapes, "bare_s": m.probes},
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
-        "jct_s": jct, "snic_max_over_avg": balance, "snic_max_over_avg_all_windows": balance_all,
-        "rows_per_pass": rows,
-        "plots": [figure] + [os.path.join(d, "storage.png") for d in reports],
-        "hbm": hbm, "ran": [n for n in map(_name, runs) if n not in skipped], "skipped": skipped,
-        "max_wall_s": args.max_wall_s, "wall_s": time.time() - t_start, "runs": walls,
+        "jct_s": jct, "snic_max_over_avg": out["balance"], "snic_max_over_avg_all_windows": out["balance_all"],
+        "rows_per_pass": out["rows"],
+        "plots": [figure] + [os.path.join(d, "storage.png") for d in out["reports"]],
+        "hbm": out["hbm"], "ran": [n for n in map(_name, m.runs) if n not in skipped], "skipped": skipped,
+        "max_wall_s": args.max_wall_s, "runs": walls,
         "notes": "Embedded clusters in one process on this machine: hosts share the CPU, so compute is "
                  "contended too; the per-host storage NIC cap and the PE memory budget are the things emulated. "
                  "Basic = PE-only reads without layerwise prefill.",
     }
     if "dualpath" in jct.get("1p1d", {}) and "basic" in jct.get("2p1d", {}):
         result["dualpath_1p1d_over_basic_2p1d"] = jct["1p1d"]["dualpath"] / jct["2p1d"]["basic"]
-    emit(result, args.json)
     return result
 
 
@@ -171,6 +276,24 @@ def rows_per_pass(report: dict) -> float:
     """Mean rows of a prefill pass over the run's PEs (from each PE's passes by padded shape)."""
     tallies = [t for h in report["hosts"] if h["role"] == "prefill" for t in h["pass_shapes"]]
     return sum(t["rows"] * t["passes"] for t in tallies) / max(1, sum(t["passes"] for t in tallies))
+
+
+def pass_shapes(report: dict) -> list[tuple[int, int, int, int]]:
+    """[(rows, padded new, padded prefix, passes)] of a run's prefill passes over its PEs, the most
+    frequent first."""
+    counts: dict[tuple[int, int, int], int] = {}
+    for t in (t for h in report["hosts"] if h["role"] == "prefill" for t in h["pass_shapes"]):
+        key = (t["rows"], t["new"], t["prefix"])
+        counts[key] = counts.get(key, 0) + t["passes"]
+    return [(*key, n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def speed_probe(model: str, shapes: list[tuple[int, int, int, int]]) -> float:
+    """Seconds of `shapes`' passes timed bare, once each (`prefill_seconds`, the function the calibrated
+    pass table is measured with), weighted by their passes: `sim validate` sets it against the profile's
+    table for the same shapes, so that the simulator computes at the speed the real runs saw (this
+    shared machine's speed can change several-fold between a calibration and a later run)."""
+    return sum(n * prefill_seconds(model, prefix, new, repeats=1, rows=rows) for rows, new, prefix, n in shapes)
 
 
 def _planned(quick: bool, hbm_only: bool) -> tuple[list, int]:

@@ -18,6 +18,7 @@ One engine per host, as `dualjax run --embedded` runs: every host is its own nod
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -40,27 +41,47 @@ from dualjax.runtime.startup import (
 )
 from dualjax.runtime.store import run_layout
 from dualjax.runtime.transport import InProcFabric
+from dualjax.runtime.warmup import prefill_shapes
 from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
 from models.buckets import DEFAULT_BUCKETS
 
+log = logging.getLogger("dualjax.cli.calibrate")
 CAPACITIES = (256, 512, 1024, 2048)
+QUICK_ROWS = (1, 2)  # --quick runs (3 agents) pack at most 3 rows; past 2 the table scales in proportion
 
 
-def pass_table(model: str, max_new: int, max_prefix: int, repeats: int = 2) -> list[tuple[int, int, int, float]]:
+def pass_table(model: str, shapes: list[tuple[int, int]], repeats: int = 2,
+               rows: tuple[int, ...] = (1, 2, 4)) -> list[tuple[int, int, int, float]]:
     """[(rows, padded new, padded prefix, seconds)] of layerwise passes (`dualjax.runtime.startup`'s
-    timing), for the buckets up to `max_new` new and `max_prefix` cached tokens; 1, 2 and 4 rows
-    while rows * new <= 1024. More rows scale in proportion (`PassTable`), as measured here from 4
-    to 8 rows past the smallest shapes."""
+    timing) for every padded (new, prefix) in `shapes`, at each of `rows` while rows * new <= 1024
+    (one row always). More rows scale in proportion (`PassTable`), as measured here from 4 to 8 rows
+    past the smallest shapes."""
+    return [(r, t, s, prefill_seconds(model, s, t, repeats=repeats, rows=r))
+            for t, s in shapes for r in rows if r == 1 or r * t <= 1024]
+
+
+def table_shapes(model: str, workload: str, prefill_chunk: int, block_tokens: int, agents: int | None = None,
+                 turns: int | None = None, quick: bool = False) -> list[tuple[int, int]]:
+    """Padded (new, prefix) shapes the pass table measures: every bucket up to the longest chunk and
+    prefix `workload` (or `agents` x `turns` of it) reaches, or with `quick` only the shapes its
+    turns produce (`runtime.warmup.prefill_shapes`: what its runs compiled, so in the process that
+    ran them they cost no compilation; a pass packing rows of different shapes is extrapolated)."""
+    if quick:
+        cfg = RunConfig(ClusterSpec(1, 1), model=model, workload=workload, agents=agents, turns=turns,
+                        prefill_chunk=prefill_chunk)
+        return prefill_shapes(cfg, models.resolve_model(model).config, block_tokens)
+    max_new, max_prefix = workload_extent(workload, prefill_chunk, agents, turns)
     b = DEFAULT_BUCKETS
     news = [t for t in (b.min_new << k for k in range(16)) if t <= b.new(max_new)]
     prefixes = [0] + [s for s in (b.min_prefix << k for k in range(16)) if s <= b.prefix(max_prefix)]
-    return [(rows, t, s, prefill_seconds(model, s, t, repeats=repeats, rows=rows))
-            for t in news for s in prefixes for rows in (1, 2, 4) if rows == 1 or rows * t <= 1024]
+    return [(t, s) for t in news for s in prefixes]
 
 
-def workload_extent(workload: str, prefill_chunk: int = 2048) -> tuple[int, int]:
-    """(longest chunk of new tokens, longest prefix) a PE meets on `workload`'s preset."""
-    spec = get_workload(workload)
+def workload_extent(workload: str, prefill_chunk: int = 2048, agents: int | None = None,
+                    turns: int | None = None) -> tuple[int, int]:
+    """(longest chunk of new tokens, longest prefix) a PE meets on `workload`'s preset (or on `agents`
+    x `turns` of it)."""
+    spec = get_workload(workload, agents=agents, turns=turns)
     lengths = [turn_lengths(spec, a) for a in range(spec.agents)]
     new = max(int(a.max()) for a, _ in lengths)
     context = max(int(a.sum() + g.sum()) for a, g in lengths)
@@ -91,10 +112,13 @@ def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     return float(d0), float(d1)
 
 
-def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tuple[tuple[float, ...], ...]:
+def contention(model: str, slots: int, others: int = 3, rounds: int = 5) -> tuple[tuple[float, ...], ...]:
     """How much slower (a prefill pass, a decode step) runs while 1, 2, ... `others` other engines
     compute in other threads (what embedded hosts do to each other on this machine's cores). The
-    others alternate kinds, the other kind first: beside a pass, a decode step, then a pass too..."""
+    others alternate kinds, the other kind first: beside a pass, a decode step, then a pass too...
+    Each factor is the median over `rounds` of a contended timing over the mean of the alone ones
+    right before and after it: this shared machine's speed drifts several-fold within minutes, and
+    timing every alone run first gave a decode step 0.76x *faster* beside a pass (2026-12-01 05:12)."""
     import threading
 
     cfg = models.get_config(model)
@@ -133,9 +157,16 @@ def contention(model: str, slots: int, others: int = 3, repeats: int = 15) -> tu
     prefill()
     beside_pass = [steps[1 + k // 2] if k % 2 == 0 else prefill for k in range(others)]
     beside_step = [prefill if k % 2 == 0 else steps[1 + k // 2] for k in range(others)]
-    alone = timed(prefill, repeats), timed(steps[0], 4 * repeats)
-    return (tuple(while_running(beside_pass[:k], prefill, repeats) / alone[0] for k in range(1, others + 1)),
-            tuple(while_running(beside_step[:k], steps[0], 4 * repeats) / alone[1] for k in range(1, others + 1)))
+
+    def factor(background, fn, n):
+        alone, beside = [timed(fn, n)], []
+        for _ in range(rounds):  # each contended timing between two alone ones
+            beside.append(while_running(background, fn, n))
+            alone.append(timed(fn, n))
+        return float(np.median([2 * c / (a + b) for c, a, b in zip(beside, alone, alone[1:])]))
+
+    return (tuple(factor(beside_pass[:k], prefill, 2) for k in range(1, others + 1)),
+            tuple(factor(beside_step[:k], steps[0], 8) for k in range(1, others + 1)))
 
 
 def relay_bytes_per_s(layer_bytes: int, messages: int = 64) -> float:
@@ -175,21 +206,35 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
     return float(np.median(ratios)), float(np.median(steps)), decode_capacity(cfg, models.get_config(model))
 
 
+def _timed(what: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, logging its wall seconds (what calibration spends where, for the wall bounds)."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    log.info("calibrate: %s %.1f s", what, time.perf_counter() - t0)
+    return out
+
+
 def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str = "runs/calibrate/store",
-              decode_slots: int = 8, block_tokens: int = 64, path: str = DEFAULT_LOCAL) -> Hardware:
-    """Measure, write the `local` profile to `path` and return it. `workload` bounds the pass
-    shapes measured; longer ones are extrapolated (`PassTable`)."""
+              decode_slots: int = 8, block_tokens: int = 64, path: str = DEFAULT_LOCAL, agents: int | None = None,
+              turns: int | None = None, quick: bool = False) -> Hardware:
+    """Measure, write the `local` profile to `path` and return it. `workload` (or `agents` x `turns`
+    of it) bounds the pass shapes measured; longer ones are extrapolated (`PassTable`). `quick`
+    (CI: `sim validate` on `bench e2e --quick`) measures the passes of the workload's own shapes at 1
+    and 2 rows (`table_shapes`), times each measurement fewer times (one timing per pass shape, a third
+    of the contention samples, one host-overhead run): noisier and narrower, the same quantities."""
     cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
                     decode_slots=decode_slots)
     layout = run_layout(cfg)
-    fit = attention_fit(model)
-    table = pass_table(model, *workload_extent(workload, cfg.prefill_chunk))
-    d0, d1 = decode_fit(model, decode_slots)
+    fit = _timed("packing fit", attention_fit, model)
+    shapes = table_shapes(model, workload, cfg.prefill_chunk, block_tokens, agents, turns, quick)
+    table = _timed("pass table", pass_table, model, shapes, repeats=1 if quick else 2,
+                   rows=QUICK_ROWS if quick else (1, 2, 4))
+    d0, d1 = _timed("decode fit", decode_fit, model, decode_slots, repeats=3 if quick else 5)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
-    pass_slowdown, step_slowdown = contention(model, decode_slots)
-    prefill_scale, step_s, capacity = host_overheads(model, workload, decode_slots,
-                                                     os.path.join(os.path.dirname(store_dir), "hosts"))
+    pass_slowdown, step_slowdown = _timed("contention", contention, model, decode_slots, rounds=2 if quick else 5)
+    prefill_scale, step_s, capacity = _timed("host overheads", host_overheads, model, workload, decode_slots,
+                                             os.path.join(os.path.dirname(store_dir), "hosts"), runs=1 if quick else 3)
     decode_scale = step_s / (d0 + d1 * capacity)
     hw = Hardware(
         "local", gpus_per_node=1, snic_bytes_per_s=snic, cnic_bytes_per_s=relay, kv_share=1.0,
@@ -199,7 +244,8 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
         prefill_fit=(fit.a, fit.b, fit.c), pass_table=tuple(table),
         prefill_scale=prefill_scale, decode_fit=(d0 * decode_scale, d1 * decode_scale),
         model=model, contention=pass_slowdown, decode_contention=step_slowdown,
-        notes=f"measured by `dualjax calibrate` on {time.strftime('%Y-%m-%d %H:%M')}: one engine per host; "
+        notes=f"measured by `dualjax calibrate`{' (quick)' if quick else ''} on {time.strftime('%Y-%m-%d %H:%M')}: "
+              f"one engine per host; "
               f"storage = the store's read rate (a run's --snic-mbps caps it); relay = in-process LayerKV copies; "
               f"model timings scaled to the hosts' own (a one-agent {workload} run): passes x{prefill_scale:.2f}, "
               f"decode x{decode_scale:.2f}")

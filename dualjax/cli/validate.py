@@ -18,12 +18,14 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import time
 
 from dualjax.bench.common import emit
 from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
+from dualjax.sim.resources import PassTable
 
 log = logging.getLogger("dualjax.cli.validate")
 SIM_RESERVE_S = 60.0  # wall time kept for the simulations (a few seconds here; 3x slower machines fit too)
@@ -53,10 +55,7 @@ def main(argv=None) -> dict:
         with open(args.real) as f:
             real = json.load(f)
     if args.recalibrate or not os.path.exists(args.profile):  # first, so that its time is known, not guessed
-        from dualjax.cli.calibrate import calibrate
-        log.info("calibrating (%s)", args.profile)
-        calibrate(real.get("model", "small") if real else "small", real["workload"] if real else "agentic-e2e",
-                  store_dir=os.path.join(args.out, "calibrate-store"), path=args.profile)
+        _calibrate(args, real)
     if real is None:
         from dualjax.bench import e2e
         left = args.max_wall_s - (time.time() - t0) - SIM_RESERVE_S
@@ -64,6 +63,9 @@ def main(argv=None) -> dict:
                         (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
     hw = get_hardware(args.profile)
+    speed = _speed_ratio(hw, real.get("speed_probe"))
+    hw = dataclasses.replace(hw, prefill_scale=hw.prefill_scale * speed,
+                             decode_fit=hw.decode_fit and tuple(d * speed for d in hw.decode_fit))
     if "runtime_profile" in real:  # the real runs' own start-up profile: scheduler rate and packing fit
         rp = real["runtime_profile"]
         hw = dataclasses.replace(hw, prefill_tokens_per_s=rp["prefill_tokens_per_s"], prefill_fit=tuple(rp["pack_fit"]))
@@ -93,9 +95,43 @@ def main(argv=None) -> dict:
         "max_abs_jct_error": max(abs(v) for v in errors.values()),
         "max_abs_speedup_error": max(abs(v) for v in speedup_error.values()) if speedup_error else None,
         "targets": {"jct_error": 0.15, "speedup_error": 0.10}, "profile": hw.notes, "wall_s": time.time() - t0,
+        "speed_ratio": speed,
         "notes": "Real: embedded clusters sharing this machine's cores (see bench e2e). Simulated: the local "
                  "profile, one engine per host; engines computing at once slow each other by the measured "
-                 "contention factor; PEs pack with the real runs' own fit.",
+                 "contention factor; PEs pack with the real runs' own fit. speed_ratio: the control's pass "
+                 "shapes timed bare around the real control over the profile's table for them; the profile's "
+                 "passes and decode steps are scaled by it (the machine's speed when the real runs ran).",
     }
     emit(result, args.json)
     return result
+
+
+def _calibrate(args, real: dict | None) -> None:
+    """Measure the profile at `args.profile` for the e2e runs (`real`, or the ones about to run): on
+    their model and workload, over the shapes their agents and turns reach; quick (fewer timings)
+    for the --quick set, whose runs are small."""
+    from dualjax.bench.e2e import QUICK_AGENTS, QUICK_TURNS
+    from dualjax.cli.calibrate import calibrate
+    quick = real.get("quick", False) if real else args.quick
+    log.info("calibrating (%s%s)", args.profile, ", quick" if quick else "")
+    calibrate(real.get("model", "small") if real else "small", real["workload"] if real else "agentic-e2e",
+              store_dir=os.path.join(args.out, "calibrate-store"), path=args.profile,
+              agents=real.get("agents") if real else (QUICK_AGENTS if quick else None),
+              turns=real.get("turns") if real else (QUICK_TURNS if quick else None), quick=quick)
+
+
+def _speed_ratio(hw, probe: dict | None) -> float:
+    """How much slower this machine ran the real control's pass shapes, timed bare around it (the e2e
+    benchmark's `speed_probe`), than the profile's pass table says: the simulator's passes and decode
+    steps are scaled by it, since a profile measured at another time (even minutes apart, on a shared
+    machine) explains only runs under the same load. 1 without a probe or a table (older results)."""
+    if not probe or not hw.pass_table:
+        log.info("no speed probe in the real runs' result (or no pass table): the profile as measured")
+        return 1.0
+    table = PassTable(hw.pass_table)
+    predicted = sum(n * table(rows, new, prefix) for rows, new, prefix, n in probe["shapes"])
+    ratio = statistics.mean(probe["bare_s"]) / predicted
+    log.info("speed probe: the control's passes timed bare %s s, the profile's table %.2f s: x%.2f",
+             ", ".join(f"{b:.2f}" for b in probe["bare_s"]), predicted, ratio)
+    return ratio
+

@@ -2,6 +2,9 @@
 crashes, every request completes, each host's buffer peak stays within its budget, and SLO
 attainment falls against the same cluster at half its capacity."""
 
+import json
+
+import numpy as np
 import pytest
 
 from dualjax.core.config import ClusterSpec, RunConfig
@@ -10,6 +13,7 @@ from dualjax.runtime.launch import run_embedded
 # tiny blocks are 32 KiB: budgets of a few requests' KV, so admission control has to hold requests back
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", turns=3, pe_buffer_mb=0.4,
                  de_buffer_mb=0.5)
+HEAVY = 192  # agents arriving at twice the capacity: the queue grows by about half of them
 
 
 def _run(tmp_path, name, **changes):
@@ -18,24 +22,37 @@ def _run(tmp_path, name, **changes):
 
 @pytest.fixture(scope="module")
 def capacity(tmp_path_factory):
-    """Agents per second the cluster serves when arrivals outpace it: an offline run (after a warm-up,
-    so that compilation is not counted) underestimates it (every first turn at once), so the rate
-    measured is the throughput of an online run at 4x that estimate."""
+    """Agents per second the cluster serves when arrivals outpace it: the rate at which agents finish
+    over the middle 80% of an online run at 4x an offline estimate (after a warm-up, so that
+    compilation is not counted). The offline run underestimates it (every first turn at once), and
+    so does the online run's agents / JCT, ramp-up and drain included: by about 2x (a heavy run at
+    twice such a "capacity" of 3.3/s was served at 6.8/s)."""
     d = tmp_path_factory.mktemp("cap")
     _run(d, "warmup", agents=4)
     offline = 32 / _run(d, "offline", agents=32)["jct_s"]
-    return 64 / _run(d, "saturated", agents=64, aps=4 * offline)["jct_s"]
+    _run(d, "saturated", agents=64, aps=4 * offline)
+    return _finish_rate(d / "saturated" / "requests.jsonl")
+
+
+def _finish_rate(path) -> float:
+    """Agents finished per second (their last turn done) between the 10th and the 90th percentile finish."""
+    done: dict[int, float] = {}
+    for r in map(json.loads, open(path)):
+        done[r["agent"]] = max(done.get(r["agent"], 0.0), r["done"])
+    t = np.sort(list(done.values()))
+    lo, hi = int(0.1 * len(t)), int(0.9 * len(t))
+    return (hi - lo) / (t[hi] - t[lo])
 
 
 @pytest.mark.slow
 def test_twice_the_capacity_stays_within_buffers_and_loses_slo(tmp_path, capacity):
     light = _run(tmp_path, "light", agents=8, aps=capacity / 2)
-    heavy = _run(tmp_path, "heavy", agents=384, aps=2 * capacity)
-    assert heavy["requests"] == 384 * 3 and light["requests"] == 8 * 3
+    heavy = _run(tmp_path, "heavy", agents=HEAVY, aps=2 * capacity)
+    assert heavy["requests"] == HEAVY * 3 and light["requests"] == 8 * 3
     for report in (light, heavy):
         for h in report["hosts"]:
             assert 0 < h["buffer_peak_bytes"] <= h["buffer_budget_bytes"], h
-    served = 384 / heavy["jct_s"]  # agents/s while arrivals came at 2 x capacity: the queue grew
+    served = HEAVY / heavy["jct_s"]  # agents/s while arrivals came at 2 x capacity: the queue grew
     why = f"capacity {capacity:.2f}/s, served {served:.2f}/s, light {light['ttft_s']}, heavy {heavy['ttft_s']}"
     assert served < 2 * capacity and heavy["ttft_s"]["p99"] > 2 * light["ttft_s"]["p99"], why
     assert heavy["slo"]["attained"] < light["slo"]["attained"], why

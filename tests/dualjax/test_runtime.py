@@ -17,6 +17,8 @@ from dualjax.runtime.launch import mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CUSTOM = "tests.dualjax.custom_policy:LongPrefixToDE"  # a user's policy class, imported on every rank
 
 
 def _run(tmp_path, name, **changes):
@@ -108,19 +110,22 @@ def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
 
 
 def test_mpiexec_run_matches_the_reference(tmp_path, reference):
+    """`dualjax run` under its own mpiexec, with a user's policy class (`--policy pkg.module:Class`,
+    imported on every rank): the reference tokens, both read paths taken."""
     out = tmp_path / "mpi"
-    argv = ["run", "--cluster", "1p2d", "--agents", "3", "--turns", "3", "--policy", "random", "--quiet",
+    argv = ["run", "--cluster", "1p2d", "--agents", "3", "--turns", "3", "--policy", CUSTOM, "--quiet",
             "--out", str(out)]
     proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.load(open(out / "report.json"))
+    assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
     assert tokens_of(str(out)) == reference
 
 
 def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
     proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_lanes.py"],
-                          capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__)))))
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "Ready,LayerKV,PrefillDone"
 
@@ -199,22 +204,15 @@ def test_e2e_benchmark_quick(tmp_path):
     assert (tmp_path / "local.json").exists()  # calibrated on the way
 
 
-CUSTOM = "tests.dualjax.custom_policy:LongPrefixToDE"
-
-
 def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
-    """`--policy pkg.module:Class` works embedded, under `dualjax run`'s mpiexec, under a user's own
-    mpirun of launch.main, and in the simulator: the same class, unchanged."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """`--policy pkg.module:Class` works embedded, under a user's own mpirun of launch.main, and in
+    the simulator: the same class, unchanged (under `dualjax run`'s mpiexec: the test above)."""
     args = ["--cluster", "1p1d", "--agents", "3", "--turns", "3", "--policy", CUSTOM, "--quiet"]
     assert cli.main(["run", "--embedded", *args, "--out", str(tmp_path / "embedded")]) == 0
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", "run", *args, "--out", str(tmp_path / "mpi")],
-                          capture_output=True, text=True, timeout=300, cwd=repo)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", "-m", "launch.main", *args,
-                           "--out", str(tmp_path / "launch")], capture_output=True, text=True, timeout=300, cwd=repo)
+                           "--out", str(tmp_path / "launch")], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for name in ("embedded", "mpi", "launch"):
+    for name in ("embedded", "launch"):
         report = json.load(open(tmp_path / name / "report.json"))
         assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
         assert tokens_of(str(tmp_path / name)) == reference

@@ -1,0 +1,49 @@
+"""The e2e benchmark's wall-time sizing and the speed probe `sim validate` scales the profile by, by
+hand (no runs: the benchmark itself runs in test_runtime)."""
+
+import dataclasses
+
+import pytest
+
+from dualjax.bench.e2e import _cost, _fit_wall, _grow_to, _planned, pass_shapes
+from dualjax.cli.validate import _speed_ratio
+from dualjax.sim.profiles import get_hardware
+
+
+def test_the_size_grows_only_as_far_as_the_bound_allows():
+    # at 2 agents: warm-up 30 s wall, control 5 s JCT, essential runs 10 control JCTs, 20 s of overheads:
+    # n agents cost n / 2 * (30 + 11 * 5) + 20 = 42.5 n + 20 s
+    assert _grow_to(2, 10, 30.0, 5.0, 10.0, 20.0, budget_s=1000.0) == 10
+    assert _grow_to(2, 10, 30.0, 5.0, 10.0, 20.0, budget_s=42.5 * 6 + 20) == 6
+    assert _grow_to(2, 10, 30.0, 5.0, 10.0, 20.0, budget_s=42.5 * 6 + 19) == 5
+    assert _grow_to(2, 10, 30.0, 5.0, 10.0, 20.0, budget_s=10.0) == 2  # never below where it started
+
+
+def test_essential_runs_shrink_the_agents_and_the_rest_are_left_out():
+    planned, essential = _planned(quick=False, hbm_only=False)
+    assert essential == 7 and len(planned) == 14
+    # storage factor 6: 1p1d basic 6, dualpath 3, 1p2d basic 6, dualpath 2, memory budget basic 7, pe-only 6,
+    # dualpath 3: 33 control JCTs
+    assert sum(_cost(r, 6.0) for r in planned[:essential]) == pytest.approx(33.0)
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=33 * 10 + 7 * 5 + 100, agents=4)
+    assert agents == 4 and kept[:essential] == planned[:essential] and len(kept) + len(left) == len(planned)
+    # 365 s spent, then each while it fits: 2p1d basic (3 x 10 + 5) and dualpath (25), not 1p1d / 1p2d pe-only
+    # (65 each), 2p1d pe-only (35: 460 s), not 2p2d (20 each)
+    assert kept[essential:] == [("2p1d", "basic", False), ("2p1d", "dualpath", False), ("2p1d", "pe-only", False)]
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(33 * 10 + 10) / 2 + 8 * 5, agents=4)
+    assert agents == 2 and kept == planned[:essential] and left == planned[essential:]
+
+
+def test_pass_shapes_sum_over_the_prefill_hosts_most_frequent_first():
+    tally = [{"rows": 1, "new": 256, "prefix": 1024, "passes": 3}, {"rows": 2, "new": 256, "prefix": 1024, "passes": 1}]
+    report = {"hosts": [{"role": "prefill", "pass_shapes": tally}, {"role": "decode"},
+                        {"role": "prefill", "pass_shapes": tally[1:]}]}
+    assert pass_shapes(report) == [(1, 256, 1024, 3), (2, 256, 1024, 2)]
+
+
+def test_the_speed_ratio_sets_the_bare_probe_against_the_profiles_table():
+    hw = dataclasses.replace(get_hardware("paper-h800"), pass_table=((1, 256, 1024, 0.1), (2, 256, 1024, 0.15)))
+    # table: 3 x 0.1 + 2 x 0.15 = 0.6 s; probes around the control 1.1 and 1.3 s: the machine ran 2x slower
+    probe = {"shapes": [[1, 256, 1024, 3], [2, 256, 1024, 2]], "bare_s": [1.1, 1.3]}
+    assert _speed_ratio(hw, probe) == pytest.approx(2.0)
+    assert _speed_ratio(hw, None) == 1.0  # an older result without a probe: the profile as measured
