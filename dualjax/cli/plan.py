@@ -1,8 +1,14 @@
 """`dualjax plan`: the P/D ratio window of the hardware (docs/paper.md, P/D window), its binding
-constraints, and with `--sweep` every P/D split of a node count simulated, with a recommendation."""
+constraints, and with `--sweep` every P/D split of a node count simulated, with a recommendation.
+
+The window from the flags alone is the paper's: every storage NIC reading at its line rate. A sweep
+judges its splits by the window of the cluster it simulates: storage at the rate the profile says it
+delivers (`snic_efficiency` of the line rate) and the decode nodes' device memory for the KV of the
+agents in flight (`dualjax.sim.search.de_memory`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 
@@ -18,16 +24,41 @@ def add_parser(sub) -> None:
     add_sweep_flags(plan)
 
 
+def _show(title: str, w) -> None:
+    print(f"{title}: {w.min_p_over_d} ({float(w.min_p_over_d):.3f}) <= P/D <= {w.max_p_over_d} "
+          f"({float(w.max_p_over_d):.3f})")
+    print(f"  lower bound set by {w.binding_min}; upper bound set by {' and '.join(w.binding)}")
+
+
+def simulated_window(args):
+    """The window of the cluster a sweep simulates: the flags' hardware with storage at the profile's
+    effective rate, and the DE memory of `--nodes` nodes for the workload's agents."""
+    from dualjax.core.config import ClusterSpec, SimConfig, from_args
+    from dualjax.core.planner import pd_window
+    from dualjax.sim.profiles import get_hardware
+    from dualjax.sim.search import de_memory
+    cfg = from_args(SimConfig, args, cluster=ClusterSpec(1, 1))
+    hw = dataclasses.replace(get_hardware(cfg.hardware), gpus_per_node=args.gpus_per_node)
+    snic = (args.snic_gbps or args.cnic_gbps) * hw.snic_efficiency
+    memory = de_memory(cfg, args.nodes, hw)
+    w = pd_window(args.gpus_per_node, args.snic_per_node, args.cnic_gbps, args.dram_gbs, snic, memory)
+    _show(f"P/D window of the simulated cluster (storage at {snic:.0f} Gbit/s per NIC, {args.nodes} nodes)", w)
+    fit = [f"{d}d {c / 1e6:.1f} M" for d, c in enumerate(memory.capacity_tokens, 1)]
+    print(f"  DE memory: {memory.demand_tokens / 1e6:.1f} M tokens of KV in flight; decode nodes hold "
+          f"{', '.join(fit)}")
+    return w
+
+
 def main(args) -> int:
     from dualjax.core.planner import pd_window
     w = pd_window(args.gpus_per_node, args.snic_per_node, args.cnic_gbps, args.dram_gbs, args.snic_gbps)
-    print(f"P/D window: {w.min_p_over_d} ({float(w.min_p_over_d):.3f}) <= P/D <= {w.max_p_over_d} "
-          f"({float(w.max_p_over_d):.3f})")
-    print(f"  lower bound set by {w.binding_min}; upper bound set by {' and '.join(w.binding)}")
+    _show("P/D window", w)
     result = w.to_json()
     if args.sweep:
         from dualjax.cli.sim import cmd_sweep
-        result.update(cmd_sweep(args, w))
+        sim_w = simulated_window(args)
+        result["simulated_window"] = sim_w.to_json()
+        result.update(cmd_sweep(args, sim_w))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

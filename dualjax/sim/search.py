@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 
 import numpy as np
 
 from dualjax.core.config import ClusterSpec, SimConfig
+from dualjax.core.planner import DeMemory
 from dualjax.core.workload import slo_for
-from dualjax.sim import build, simulate
-from dualjax.sim.resources import SimError
+from dualjax.sim import build, get_hardware, model_cost, session_trace, simulate, workload_lengths
+from dualjax.sim.engine import ep_groups
+from dualjax.sim.profiles import Hardware
+from dualjax.sim.resources import Costs, SimError
+from models.buckets import DEFAULT_BUCKETS
 
 
 def within_slo(report: dict, attainment: float) -> bool:
@@ -83,29 +86,57 @@ def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.
             "attainment": attainment, "trials": trials, "bracketed": bool(lo) and lo < max(t["aps"] for t in trials)}
 
 
+def de_memory(cfg: SimConfig, nodes: int, hardware: Hardware | None = None) -> DeMemory:
+    """The planner's DE-memory constraint (`planner.DeMemory`) for `nodes` nodes running `cfg` offline, from
+    what the simulator itself uses: each split's decode GPUs hold `Costs.de_memory_tokens` tokens (HBM less
+    the weights under their expert-parallel group, `engine.ep_groups`, and the reserve, over the KV and
+    indexer bytes per token); every agent has one request in flight, holding its prompt + generation tokens
+    of DE memory, so the demand is agents x the workload's mean prompt + generation over its requests."""
+    if cfg.aps is not None:
+        raise SimError("the DE-memory constraint counts the agents of an offline run; online (--aps) the requests "
+                       "in flight depend on the arrival rate")
+    hw = hardware or get_hardware(cfg.hardware)
+    append, gen, _, _ = workload_lengths(cfg)
+    if cfg.workload.startswith("sessions:"):  # recorded prompts: appends there are the misses
+        t = session_trace(cfg)
+        holds = np.concatenate([p + g for p, g in zip(t.prompt, t.gen)])
+    else:
+        holds = np.concatenate([np.cumsum(a + g) for a, g in zip(append, gen)])  # prompt + gen of every request
+    capacity = DEFAULT_BUCKETS.prefix(int(max(a.sum() + g.sum() for a, g in zip(append, gen))) + 1)
+    g, model = hw.gpus_per_node, model_cost(cfg.model)
+
+    def tokens(decode_nodes: int) -> float:
+        return float(sum(size * g * max(0.0, Costs(hw, model, capacity, de_ep=size * g).de_memory_tokens())
+                         for size in ep_groups(decode_nodes, g, hw.ep_gpus)))
+    return DeMemory(nodes, float(len(append) * holds.mean()), tuple(tokens(d) for d in range(1, nodes)))
+
+
 def sweep_pd(cfg: SimConfig, nodes: int, window=None, policy=None, hardware=None, log=print) -> dict:
     """Simulate every split of `nodes` nodes into P prefill + D decode nodes; recommend the split
-    with the highest throughput (generated tokens/s) whose P/D lies in the analytic `window`
-    (a `planner.Window`, or None for no restriction)."""
+    with the highest throughput (generated tokens/s) that breaks none of the analytic `window`'s
+    constraints (a `planner.Window`, or None for no restriction). Each row names the constraints
+    the planner says the split breaks (`planner_violated`) beside the resource the simulation shows
+    busiest (`saturating`)."""
     rows = []
     for p in range(1, nodes):
         d = nodes - p
-        ratio = Fraction(p, d)
-        inside = window is None or window.min_p_over_d <= ratio <= window.max_p_over_d
+        violated = [] if window is None else window.violated(p, d)
+        inside = not violated
         try:
             r = simulate(dataclasses.replace(cfg, cluster=ClusterSpec(p, d)), policy=policy, hardware=hardware,
                          progress=False)
         except SimError as e:  # e.g. a role with too few nodes to hold the model's weights
-            rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "infeasible": str(e)})
+            rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "planner_violated": violated,
+                         "infeasible": str(e)})
             log(f"  {p}p{d}d  infeasible: {e}")
             continue
-        rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "jct_s": r["jct_s"],
-                     "tokens_per_s": r["tokens_per_s"], "ttft_p50_s": r["ttft_s"]["p50"],
+        u = r["utilisation"]
+        rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "planner_violated": violated,
+                     "jct_s": r["jct_s"], "tokens_per_s": r["tokens_per_s"], "ttft_p50_s": r["ttft_s"]["p50"],
                      "tpot_p50_s": r["tpot_s"]["p50"], "snic_max_over_avg": r["snic_max_over_avg"],
-                     "utilisation": r["utilisation"], "saturating": r["utilisation"]["binding"]})
+                     "utilisation": u, "saturating": u["binding"]})
         log(f"  {p}p{d}d  P/D {p / d:5.2f}  JCT {r['jct_s']:9.1f} s  {r['tokens_per_s']:10.1f} tok/s  busiest "
-            f"{r['utilisation']['binding']} ({r['utilisation'][r['utilisation']['binding']]:.0%})"
-            f"{'' if inside else '  (outside the window)'}")
+            f"{u['binding']} ({u[u['binding']]:.0%})  planner: {', '.join(violated) or 'inside the window'}")
     feasible = [r for r in rows if "infeasible" not in r]
     if not feasible:
         raise SimError(f"no split of {nodes} nodes is feasible: {rows[0]['infeasible']}")
