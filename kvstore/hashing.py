@@ -8,6 +8,7 @@ every process and every run computes the same names; Python's `hash()` is never 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 
@@ -35,14 +36,18 @@ def check_hash(h) -> str:
 
 
 def hash_block(parent: str, tokens, layout: BlockLayout) -> str:
-    ids = np.asarray(tokens, dtype="<i4")
+    ids = np.ascontiguousarray(tokens, dtype="<i4")
     if ids.shape != (layout.block_tokens,):
         raise ValueError(f"a block covers {layout.block_tokens} tokens, got {ids.shape}")
-    h = hashlib.blake2b(digest_size=16)
-    h.update(bytes.fromhex(check_hash(parent)))
-    h.update(bytes.fromhex(layout.fingerprint()))
-    h.update(ids.tobytes())
+    h = hashlib.blake2b(bytes.fromhex(check_hash(parent)), digest_size=16)
+    h.update(_fingerprint_bytes(layout))
+    h.update(ids)
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint_bytes(layout: BlockLayout) -> bytes:
+    return bytes.fromhex(layout.fingerprint())
 
 
 def block_chain(tokens, layout: BlockLayout) -> list[BlockId]:

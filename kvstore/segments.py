@@ -18,7 +18,6 @@ import struct
 import threading
 
 import numpy as np
-import tensorstore as ts
 import xxhash
 
 from kvstore.hashing import hash_block
@@ -75,10 +74,10 @@ def _record_bytes(layout: BlockLayout) -> int:
     return _RECORD_HEAD.size + 8 * layout.n_layers + 4 * layout.block_tokens
 
 
-def entry_bytes_max(layout: BlockLayout, slots: int) -> int:
-    """The most bytes the entry of a segment of `slots` blocks takes, length included: how much of
-    a segment file's end a lookup reads."""
-    return _ENTRY_HEAD.size + slots * (16 + _record_bytes(layout)) + _ENTRY_TAIL.size
+def entry_bytes(layout: BlockLayout, n: int) -> int:
+    """Bytes of the entry of a segment of n blocks, length included (the most a lookup reads from
+    a file's end: n = S)."""
+    return _ENTRY_HEAD.size + n * (16 + _record_bytes(layout)) + _ENTRY_TAIL.size
 
 
 def encode_entry(ids: list, slots: list[int], sums: np.ndarray) -> bytes:
@@ -138,6 +137,11 @@ def _bytes_of(a) -> memoryview:
     return memoryview(a if isinstance(a, bytes) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
+def joined(parts: list) -> bytes:
+    """Arrays and bytes concatenated into one value (a segment for a TensorStore kvstore)."""
+    return b"".join(_bytes_of(p) for p in parts)
+
+
 def _pwrite_all(fd: int, parts: list, offset: int) -> int:
     """Write `parts` from `offset` on (writev's short writes resumed); returns the end offset."""
     views = [_bytes_of(p) for p in parts]
@@ -151,24 +155,32 @@ def _pwrite_all(fd: int, parts: list, offset: int) -> int:
     return offset
 
 
+def layer_sums(block: np.ndarray) -> list[int]:
+    """XXH3-64 of each Layer Block of a Full Block."""
+    return [xxhash.xxh3_64_intdigest(layer) for layer in block]
+
+
 class SegmentFile:
     """A local segment file in the making, in a temp file beside `path` (unique to this process
-    and thread): `parts` (shard index, blocks) written at once from the caller's arrays, no copy;
-    `finish(entry, sync)` appends the entry, fsyncs when `sync` and renames the file into place
-    (atomic); `discard()` removes the temp file."""
+    and thread) of `size` bytes, allocated up front (the disk's blocks are reserved at once, a
+    full disk fails here, and the writes skip the per-page work of delayed allocation); written
+    in place from the caller's arrays, no copy (`write`, from any thread); `finish(sync)` fsyncs
+    when `sync` and renames the file into place (atomic); `discard()` removes the temp file."""
 
-    def __init__(self, path: str, parts: list):
-        self.path, self.tmp, self.fd = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp", None
+    def __init__(self, path: str, size: int):
+        self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            self.size = _pwrite_all(self.fd, parts, 0)
+            os.posix_fallocate(self.fd, 0, size)
         except OSError:
             self.discard()
             raise
 
-    def finish(self, entry: bytes, sync: bool) -> None:
+    def write(self, parts: list, offset: int) -> None:
+        _pwrite_all(self.fd, parts, offset)
+
+    def finish(self, sync: bool) -> None:
         try:
-            _pwrite_all(self.fd, [entry], self.size)
             if sync:
                 os.fsync(self.fd)
             fd, self.fd = self.fd, None
@@ -187,16 +199,3 @@ class SegmentFile:
             os.unlink(self.tmp)
 
 
-class KvSegment:
-    """A segment for a TensorStore kvstore (not a local directory): the same bytes as a local
-    file, one write of the whole value at `finish()` (TensorStore's file_io_sync decides
-    durability)."""
-
-    def __init__(self, kv: ts.KvStore, key: str, parts: list):
-        self.kv, self.key, self.parts = kv, key, [_bytes_of(p) for p in parts]
-
-    def finish(self, entry: bytes, sync: bool) -> None:
-        self.kv.write(self.key, b"".join([*self.parts, entry])).result()
-
-    def discard(self) -> None:
-        self.parts = []

@@ -48,7 +48,6 @@ import weakref
 
 import numpy as np
 import tensorstore as ts
-import xxhash
 
 from kvstore.errors import FingerprintMismatch, StoreError, cause_of
 from kvstore.hashing import BlockId, check_hash, hash_block
@@ -56,11 +55,12 @@ from kvstore.layout import BlockLayout
 from kvstore.reads import BlockRead, pread_rows
 from kvstore.segments import (
     SLOT_BITS,
-    KvSegment,
     SegmentFile,
     decode_entry,
     encode_entry,
-    entry_bytes_max,
+    entry_bytes,
+    joined,
+    layer_sums,
     read_tail,
     segment_slots,
     shard_index,
@@ -83,11 +83,6 @@ def _describe(layout_json) -> str:
         return BlockLayout.from_json(layout_json).describe()
     except (TypeError, ValueError, KeyError):
         return f"unreadable layout {layout_json!r}"
-
-
-def _layer_sums(blocks: list[np.ndarray]) -> np.ndarray:
-    """[n, L] XXH3-64 of each block's Layer Blocks."""
-    return np.array([[xxhash.xxh3_64_intdigest(layer) for layer in block] for block in blocks], "<u8")
 
 
 def _new_writer() -> int:
@@ -327,47 +322,61 @@ class BlockStore:
             return 0
 
     def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray, tuple[str, ...]]]:
-        """Segment files, each written by the writer thread (shard index and blocks) while this one
-        checksums the blocks and encodes the segment's entry, then finished here (entry appended,
-        fsync when `sync`, renamed into place); the index links appear only once every segment
-        file is in place, so a block is visible only once complete. On failure nothing of this
-        call is visible. Returns hash -> (slot, layer checksums, segment members). The seam where
-        tests inject write faults."""
+        """Each segment's file written and put in place (`_write_segment`); the index links appear
+        only once every segment file of the call is in place, so a block is visible only once
+        complete. On failure nothing of this call is visible. Returns hash -> (slot, layer
+        checksums, segment members). The seam where tests inject write faults."""
         S, segments = self.slots_per_segment, collections.defaultdict(list)
         for item in todo:
             segments[item[2] // S].append(item)
-        files = {seg: self._writer_pool.submit(self._start_segment, seg, items) for seg, items in segments.items()}
-        entries, tails = {}, {}
+        entries, done = {}, []
         try:
             for seg, items in segments.items():
-                bids, slots = [bid for bid, _, _ in items], [slot for _, _, slot in items]
-                sums, members = _layer_sums([block for _, block, _ in items]), tuple(bid.hash for bid in bids)
-                tails[seg] = encode_entry(bids, slots, sums)
-                entries.update((bid.hash, (slot, s, members)) for bid, slot, s in zip(bids, slots, sums))
-            for seg, f in files.items():
-                f.result().finish(tails[seg], self.sync)
+                sums, entry = self._write_segment(seg, items)
+                members = tuple(bid.hash for bid, _, _ in items)
+                entries.update((bid.hash, (slot, s, members)) for (bid, _, slot), s in zip(items, sums))
+                done.append((seg, members, entry))
         except BaseException:
-            concurrent.futures.wait(files.values())
-            for f in files.values():
-                if f.exception() is None:
-                    f.result().discard()
-            for seg in files:
+            for seg in segments:
                 self._drop([], seg)
             raise
-        for seg, items in segments.items():
-            self._link(seg, [bid.hash for bid, _, _ in items], tails[seg])
+        for seg, members, entry in done:
+            self._link(seg, members, entry)
         return entries
 
-    def _start_segment(self, seg: int, items: list) -> SegmentFile | KvSegment:
-        """A segment's file begun (on the writer thread): its zarr3 shard index and its blocks (Layer
-        Blocks in slot, layer order), from the callers' arrays (no copy on a local disk)."""
-        S = self.slots_per_segment
-        parts = [shard_index(self.layout, S, items[0][2] % S, len(items)), *(block for _, block, _ in items)]
+    def _write_segment(self, seg: int, items: list) -> tuple[np.ndarray, bytes]:
+        """A segment's file, in place but not yet linked: its zarr3 shard index, its blocks (Layer
+        Blocks in slot, layer order, from the callers' arrays) and its entry, fsynced when `sync`.
+        Returns the blocks' layer checksums [n, L] and the entry. On a local directory the writer
+        thread writes the index and blocks with one pwritev while this one checksums the blocks
+        and encodes the entry (the two take about equal CPU, so on two free cores a put takes
+        about as long as the copy); elsewhere one TensorStore write."""
+        S, layout = self.slots_per_segment, self.layout
+        bids, blocks, slots = ([item[k] for item in items] for k in range(3))
+        index, sums = shard_index(layout, S, slots[0] % S, len(items)), np.empty((len(items), layout.n_layers), "<u8")
         if self._root is None:
-            return KvSegment(self.data_kv, self.segment_key(seg), parts)
-        return SegmentFile(os.path.join(self._root, "data", self.segment_key(seg)), parts)
+            sums[:] = [layer_sums(b) for b in blocks]
+            entry = encode_entry(bids, slots, sums)
+            self.data_kv.write(self.segment_key(seg), joined([index, *blocks, entry])).result()
+            return sums, entry
+        end = len(index) + len(blocks) * layout.block_bytes
+        f = SegmentFile(os.path.join(self._root, "data", self.segment_key(seg)), end + entry_bytes(layout, len(blocks)))
+        try:
+            write = self._writer_pool.submit(f.write, [index, *blocks], 0)
+            try:
+                sums[:] = [layer_sums(b) for b in blocks]
+                entry = encode_entry(bids, slots, sums)
+            finally:
+                concurrent.futures.wait([write])
+            write.result()
+            f.write([entry], end)
+        except BaseException:
+            f.discard()
+            raise
+        f.finish(self.sync)
+        return sums, entry
 
-    def _link(self, seg: int, hashes: list[str], entry: bytes) -> None:
+    def _link(self, seg: int, hashes: tuple[str, ...], entry: bytes) -> None:
         """Make a finished segment's blocks visible: `index/<hash>` a hard link to its file (each
         appears atomically; one already there, another writer's equal block, stays), or on
         kvstores without links a copy of its entry."""
@@ -375,10 +384,12 @@ class BlockStore:
             for f in [self.index_kv.write(h, entry) for h in hashes]:
                 f.result()
             return
-        path = os.path.join(self._root, "data", self.segment_key(seg))
+        path, index = os.path.join(self._root, "data", self.segment_key(seg)), os.path.join(self._root, "index", "")
         for h in hashes:
-            with contextlib.suppress(FileExistsError):
-                os.link(path, os.path.join(self._root, "index", h))
+            try:
+                os.link(path, index + h)
+            except FileExistsError:
+                pass
 
     # -- index ---------------------------------------------------------------------------------
     def _present(self, hashes: list[str]) -> list[bool]:
@@ -388,7 +399,8 @@ class BlockStore:
             futs = [self.index_kv.read(check_hash(h)) for h in hashes]
             out = [f.result().state == "value" for f in futs]
         else:
-            out = [os.path.isfile(os.path.join(self._root, "index", check_hash(h))) for h in hashes]
+            index = os.path.join(self._root, "index", "")
+            out = [os.path.isfile(index + check_hash(h)) for h in hashes]
         with self._lock:
             for h, there in zip(hashes, out):
                 if there:
@@ -480,7 +492,7 @@ class BlockStore:
             pending = {h: self.index_kv.read(h) for h, s in zip(hashes, known) if s is None}
             raw = {h: (got.value if got.state == "value" else None) for h, f in pending.items() for got in [f.result()]}
         else:
-            limit, index = entry_bytes_max(self.layout, self.slots_per_segment), os.path.join(self._root, "index")
+            limit, index = entry_bytes(self.layout, self.slots_per_segment), os.path.join(self._root, "index")
             raw = {h: read_tail(os.path.join(index, h), limit) for h, s in zip(hashes, known) if s is None}
         return [s if s is not None else self._parse_entry(h, raw[h]) for h, s in zip(hashes, known)]
 
