@@ -93,6 +93,11 @@ class Window:
                 "de_memory": self.de_memory.to_json() if self.de_memory else None}
 
 
+def _decimal(x: float) -> Fraction:
+    """A rate as the decimal it stands for (400 * 0.47 is 188, not its binary float's 2^-k neighbour)."""
+    return Fraction(x).limit_denominator(10**6)
+
+
 def pd_window(gpus_per_node: int, snic_per_node: float, cnic_gbps: float, dram_gbs: float,
               snic_gbps: float | None = None, de_memory: DeMemory | None = None) -> Window:
     """The P/D window for g GPUs per node, `snic_per_node` storage NICs of `snic_gbps` (default:
@@ -104,13 +109,13 @@ def pd_window(gpus_per_node: int, snic_per_node: float, cnic_gbps: float, dram_g
         if not v > 0:
             raise HardwareError(f"{name} must be positive, got {v}")
     g = Fraction(gpus_per_node)
-    s = Fraction(snic_per_node) * Fraction(values["--snic-gbps"]) / Fraction(cnic_gbps)  # storage BW in units of B
+    s = _decimal(snic_per_node) * _decimal(values["--snic-gbps"]) / _decimal(cnic_gbps)  # storage BW in units of B
     if s > g / 2:
         raise HardwareError(f"storage bandwidth s = {s} x B per node exceeds g/2 = {g / 2}: the PE compute NICs "
                             f"could not even read it (2Bs/g <= B fails); add GPUs or use fewer storage NICs")
-    bs = Fraction(cnic_gbps) / 8 * s  # GB/s of storage per node
+    bs = _decimal(cnic_gbps) / 8 * s  # GB/s of storage per node
     upper = {"DE CNIC reads": (g - 2 * s) / s, "DE CNIC writes": (g - s) / (2 * s),
-             "DE DRAM": (Fraction(dram_gbs) / bs - 3) / 2}
+             "DE DRAM": (_decimal(dram_gbs) / bs - 3) / 2}
     if de_memory is not None:
         upper["DE memory"] = de_memory.max_p_over_d()
     top = min(upper.values())

@@ -102,11 +102,11 @@ def de_memory(cfg: SimConfig, nodes: int, hardware: Hardware | None = None) -> D
         holds = np.concatenate([p + g for p, g in zip(t.prompt, t.gen)])
     else:
         holds = np.concatenate([np.cumsum(a + g) for a, g in zip(append, gen)])  # prompt + gen of every request
-    capacity = DEFAULT_BUCKETS.prefix(int(max(a.sum() + g.sum() for a, g in zip(append, gen))) + 1)
+    slots = DEFAULT_BUCKETS.prefix(int(max(a.sum() + g.sum() for a, g in zip(append, gen))) + 1)  # as the engine
     g, model = hw.gpus_per_node, model_cost(cfg.model)
 
     def tokens(decode_nodes: int) -> float:
-        return float(sum(size * g * max(0.0, Costs(hw, model, capacity, de_ep=size * g).de_memory_tokens())
+        return float(sum(size * g * max(0.0, Costs(hw, model, slots, de_ep=size * g).de_memory_tokens())
                          for size in ep_groups(decode_nodes, g, hw.ep_gpus)))
     return DeMemory(nodes, float(len(append) * holds.mean()), tuple(tokens(d) for d in range(1, nodes)))
 
