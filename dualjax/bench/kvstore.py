@@ -7,11 +7,11 @@ Reads: Full Blocks fetched in random order through one `BlockStore.get` (and lay
 same bytes by `preadv` into a reused buffer with as many threads as the store reads with (and, for
 comparison, `numpy.fromfile`); both from the page cache after a warm-up, and both cold (their files
 dropped from the page cache before each read), in interleaved trials (median). Writes at equal
-durability: `BlockStore.put` of 8 blocks at a time (one segment file per put; each block visible
-atomically, only once complete) versus `tofile` to a temp file and a rename, with no fsync on either
-side, and with fsync on both. Cap: reads through a capped `StorageNIC`. Also reads of alternative
-TensorStore formats (zarr3 chunk per block, one `file` key per block, OCDBT) so the format choice
-is measured, not assumed.
+durability: `BlockStore.put` of 8 blocks at a time (one segment file per put, its index entry
+inside; each block visible atomically, only once complete) versus `tofile` to a temp file and a
+rename, with no fsync on either side, and with fsync on both. Cap: reads through a capped
+`StorageNIC`. Also reads of alternative TensorStore formats (zarr3 chunk per block, one `file`
+key per block, OCDBT) so the format choice is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -184,6 +184,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> 
     out["write_vs_raw"] = out["write_gbps"] / out["raw_write_gbps"]
     out["write_cpu_vs_raw"] = cpu["raw_write_gbps"] / cpu["write_gbps"]
     out["write_fsync_vs_raw"] = out["write_fsync_gbps"] / out["raw_write_fsync_gbps"]
+    out["write_fsync_cpu_vs_raw"] = cpu["raw_write_fsync_gbps"] / cpu["write_fsync_gbps"]
     return out
 
 
@@ -280,8 +281,8 @@ def main(argv=None) -> dict:
         "against raw: kept as raw_fromfile_gbps / read_vs_raw_fromfile). "
         "Writes at equal durability: each store block and the raw file become "
         "visible atomically (rename; a block only once its segment file is complete); write_vs_raw with no fsync "
-        "on either side, write_fsync_vs_raw with fsync on both (the store fsyncs every segment file before its "
-        "blocks' index entries appear; entries are not fsynced: one lost to a power cut is a miss). "
+        "on either side, write_fsync_vs_raw with fsync on both (the store fsyncs every segment file, its index entry "
+        "inside, before its blocks' index links appear; links are not fsynced: one lost to a power cut is a miss). "
         "other_formats_read_gbps: TensorStore formats read into the same buffer; zarr3 variants with one chunk per "
         "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
         "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "
