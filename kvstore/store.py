@@ -17,10 +17,11 @@ kvstore (a local directory by default, `memory://` in tests, any TensorStore kvs
   re-hashes (parent, tokens), which must give the key back, and a read checks each Layer Block it
   fetched against its checksum.
 
-On a local directory, a segment file is written with one `writev` to a temp file (no copy of the
-caller's arrays) by a writer thread while the caller checksums the blocks, then the entry is
-appended and the file renamed; blocks are read with `preadv` straight into the caller's buffer on
-reader threads that verify each Layer Block as it lands; other kvstores go through TensorStore.
+On a local directory, a segment file is written to a temp file allocated at its final size, its
+index and blocks with one `pwritev` (no copy of the caller's arrays) by a writer thread while the
+caller checksums the blocks, then the entry after them, and the file renamed into place; blocks
+are read with `preadv` straight into the caller's buffer on reader threads that verify each
+Layer Block as it lands; other kvstores go through TensorStore.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
 every put starts a fresh segment, so processes writing one directory never collide and need no
