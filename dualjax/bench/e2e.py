@@ -21,7 +21,8 @@ are emulated.
 Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine). A warm-up run of
 the control's configuration compiles its pass shapes (compilation is most of its time), then the
 control measures this machine without compilation; the control's most frequent pass shapes, timed
-bare right before and after it (`speed_probe`), tell `sim validate` how fast the machine ran then.
+bare right before and after it (`speed_probe`; again after every capped run), tell `sim validate`
+how fast the machine ran then.
 This happens first at a small size (2 agents; --quick: its own 3), and again at the most agents
 up to the preset's whose warm-up, control and essential runs are predicted to fit, each scaled in
 proportion to the agents (an upper bound): a slow machine never spends its bound compiling the
@@ -85,7 +86,7 @@ def main(argv=None) -> dict:
              cap / 1e6, hit_bytes / 1e6, k)
     skipped = {_name(r): "left out: predicted from the control (measured after the warm-up) to end past "
                          "--max-wall-s after the essential runs" for r in m.left_out}
-    out = _capped(run, m, k, cap, lambda: time.time() - t_start, args, skipped)
+    out = _capped(run, walls, m, k, cap, lambda: time.time() - t_start, args, skipped)
     figure = os.path.join(args.out, "jct_per_policy.png")
     plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in out["reports"]])
     result = _result(args, m, out, k, cap, hit_bytes, planned, essential, figure, skipped, walls)
@@ -146,6 +147,7 @@ def _warm_control(run, base: RunConfig, walls_of) -> tuple[dict, list, list, dic
     probes = [speed_probe(base.model, shapes)]
     control = run(base, CONTROL, policy="basic")
     probes.append(speed_probe(base.model, shapes))
+    walls_of[CONTROL]["probe_bare_s"] = probes[-2:]
     return control, shapes, probes, {n: dict(walls_of[n]) for n in ("warmup", CONTROL)}
 
 
@@ -159,7 +161,8 @@ def _measure(run, walls: dict, planned: list, essential: int, k: float, budget, 
     base = base.replace(agents=preset if quick else min(preset, MIN_AGENTS))
     control, shapes, probes, first = _warm_control(run, base, walls)
     measured = {base.agents: first}
-    overhead = max(RUN_OVERHEAD_S, first[CONTROL]["wall_s"] - control["jct_s"])
+    # beyond its JCT a run costs its start-up and report, and the speed probe after it (two passes a shape)
+    overhead = max(RUN_OVERHEAD_S, first[CONTROL]["wall_s"] - control["jct_s"]) + 2 * max(probes)
     units = sum(_cost(r, k) for r in planned[:essential])
     agents = _grow_to(base.agents, preset, first["warmup"]["wall_s"], control["jct_s"], units,
                       (essential + 2) * overhead, budget())
@@ -167,13 +170,14 @@ def _measure(run, walls: dict, planned: list, essential: int, k: float, budget, 
         log.info("growing to %d agents: predicted to fit --max-wall-s from the runs at %d", agents, base.agents)
         base = base.replace(agents=agents)
         control, shapes, probes, measured[agents] = _warm_control(run, base, walls)
-        overhead = max(RUN_OVERHEAD_S, measured[agents][CONTROL]["wall_s"] - control["jct_s"])
+        overhead = max(RUN_OVERHEAD_S, measured[agents][CONTROL]["wall_s"] - control["jct_s"]) + 2 * max(probes)
     runs, agents, left_out = _fit_wall(planned, essential, k, control["jct_s"], overhead, budget(), base.agents)
     if agents != base.agents:
         log.info("sized to %d agents so that the runs fit --max-wall-s", agents)
         base = base.replace(agents=agents)
         control = run(base, CONTROL, policy="basic")  # the baseline at the capped runs' size
         probes.append(speed_probe(base.model, shapes))
+        walls[CONTROL]["probe_bare_s"] = probes[-2:]
     return Measured(base, control, shapes, probes, overhead, runs, left_out, preset, measured)
 
 
@@ -189,7 +193,7 @@ def _grow_to(start: int, preset: int, warm_s: float, control_s: float, units: fl
     return start
 
 
-def _capped(run, m: Measured, k: float, cap: float, elapsed, args, skipped: dict) -> dict:
+def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, skipped: dict) -> dict:
     """The capped runs in order, each skipped (into `skipped`) when its prediction, scaled by how far
     the runs so far overran theirs (a slowed machine), would end past `--max-wall-s`: per cluster and
     policy the JCT, storage-NIC balance and rows per pass, the memory-budget runs apart, run dirs."""
@@ -199,7 +203,7 @@ def _capped(run, m: Measured, k: float, cap: float, elapsed, args, skipped: dict
     out["hbm"] = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {}, "pe_buffer_peak_mb": {},
                   "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
                           "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
-    overran = [1.0]
+    overran, last_probe = [1.0], m.probes[-1]
     for spec in m.runs:
         cluster, policy, budget = spec[0], spec[1], hbm_mb if spec[2] else None
         name, expect = _name(spec), _cost(spec, k) * m.control["jct_s"]
@@ -210,6 +214,8 @@ def _capped(run, m: Measured, k: float, cap: float, elapsed, args, skipped: dict
             continue
         r = run(m.base, name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6,
                 pe_hbm_mb=budget)
+        probe = speed_probe(m.base.model, m.shapes)  # between this run and the next
+        walls[name]["probe_bare_s"], last_probe = [last_probe, probe], probe
         overran.append(r["jct_s"] / expect)
         out["reports"].append(os.path.join(args.out, name))
         _record(out, spec, r)
@@ -255,7 +261,7 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "runtime_profile": {"prefill_tokens_per_s": m.control["prefill_tokens_per_s"],
                             "pack_fit": next(h["pack_fit"] for h in m.control["hosts"] if h["role"] == "prefill")},
         # the control's most frequent pass shapes [rows, new, prefix, passes], timed bare (passes x seconds)
-        # right before and after it (and after it again at a shrunk size)
+        # right before and after it (and after it again at a shrunk size); each run's in `runs` (probe_bare_s)
         "speed_probe": {"shapes": m.shapes, "bare_s": m.probes},
         "speedup": speedup, "theory": theory, "efficiency": {c: speedup[c] / theory[c] for c in speedup},
         "jct_s": jct, "snic_max_over_avg": out["balance"], "snic_max_over_avg_all_windows": out["balance_all"],

@@ -28,6 +28,7 @@ from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 from dualjax.sim.resources import PassTable
 
 log = logging.getLogger("dualjax.cli.validate")
+CONTROL_RUN = "control-uncapped-1p1d-basic"  # the e2e benchmark's name for its uncapped control
 SIM_RESERVE_S = 60.0  # wall time kept for the simulations (a few seconds here; 3x slower machines fit too)
 
 
@@ -63,27 +64,27 @@ def main(argv=None) -> dict:
                         (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
     hw = get_hardware(args.profile)
-    speed = _speed_ratio(hw, real.get("speed_probe"))
-    hw = dataclasses.replace(hw, prefill_scale=hw.prefill_scale * speed,
-                             decode_fit=hw.decode_fit and tuple(d * speed for d in hw.decode_fit))
     if "runtime_profile" in real:  # the real runs' own start-up profile: scheduler rate and packing fit
         rp = real["runtime_profile"]
         hw = dataclasses.replace(hw, prefill_tokens_per_s=rp["prefill_tokens_per_s"], prefill_fit=tuple(rp["pack_fit"]))
     quick = real.get("quick", False)
     base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],
                      agents=real.get("agents", 3 if quick else None), turns=real.get("turns", 3 if quick else None))
-    sim_jct, errors = {}, {}
+    sim_jct, errors, speed = {}, {}, {}
     configs = [(c, pol) for c, pols in real["jct_s"].items() for pol in pols]
     for cluster, policy in [("1p1d", "control")] + configs:
+        name = f"{cluster}-{policy}"
         cfg = dataclasses.replace(base, cluster=ClusterSpec.parse(cluster),
                                   policy="basic" if policy == "control" else policy,
                                   snic_mbps=None if policy == "control" else real["cap_mbps"])
-        r = simulate(cfg, out=os.path.join(args.out, "sim", f"{cluster}-{policy}"), hardware=hw, progress=False)
+        speed[name] = _speed_ratio(hw, real.get("speed_probe", {}).get("shapes"),
+                                   _probe_of(real, CONTROL_RUN if policy == "control" else name))
+        r = simulate(cfg, out=os.path.join(args.out, "sim", name), hardware=_scaled(hw, speed[name]), progress=False)
         measured = real["control_uncapped_jct_s"] if policy == "control" else real["jct_s"][cluster][policy]
         sim_jct.setdefault(cluster, {})[policy] = r["jct_s"]
-        errors[f"{cluster}-{policy}"] = r["jct_s"] / measured - 1
-        log.info("%-20s real %7.2f s  sim %7.2f s  error %+.1f%%", f"{cluster}-{policy}", measured, r["jct_s"],
-                 100 * errors[f"{cluster}-{policy}"])
+        errors[name] = r["jct_s"] / measured - 1
+        log.info("%-20s real %7.2f s  sim %7.2f s  error %+.1f%%  (speed x%.2f)", name, measured, r["jct_s"],
+                 100 * errors[name], speed[name])
     speedup_error, sim_speedup = {}, {}
     for cluster, real_speedup in real["speedup"].items():
         sim_speedup[cluster] = sim_jct[cluster]["basic"] / sim_jct[cluster]["dualpath"]
@@ -98,9 +99,10 @@ def main(argv=None) -> dict:
         "speed_ratio": speed,
         "notes": "Real: embedded clusters sharing this machine's cores (see bench e2e). Simulated: the local "
                  "profile, one engine per host; engines computing at once slow each other by the measured "
-                 "contention factor; PEs pack with the real runs' own fit. speed_ratio: the control's pass "
-                 "shapes timed bare around the real control over the profile's table for them; the profile's "
-                 "passes and decode steps are scaled by it (the machine's speed when the real runs ran).",
+                 "contention factor; PEs pack with the real runs' own fit. speed_ratio (per configuration): the "
+                 "control's pass shapes timed bare right before and after the real run over the profile's "
+                 "table for them; the profile's passes and decode steps are scaled by it (the machine's speed "
+                 "while that run ran).",
     }
     emit(result, args.json)
     return result
@@ -120,18 +122,25 @@ def _calibrate(args, real: dict | None) -> None:
               turns=real.get("turns") if real else (QUICK_TURNS if quick else None), quick=quick)
 
 
-def _speed_ratio(hw, probe: dict | None) -> float:
-    """How much slower this machine ran the real control's pass shapes, timed bare around it (the e2e
-    benchmark's `speed_probe`), than the profile's pass table says: the simulator's passes and decode
-    steps are scaled by it, since a profile measured at another time (even minutes apart, on a shared
-    machine) explains only runs under the same load. 1 without a probe or a table (older results)."""
-    if not probe or not hw.pass_table:
-        log.info("no speed probe in the real runs' result (or no pass table): the profile as measured")
+def _speed_ratio(hw, shapes: list | None, bare_s: list | None) -> float:
+    """How much slower this machine ran `shapes` ([rows, new, prefix, passes]: the real control's
+    most frequent pass shapes), timed bare right before and after a real run (`bare_s`, passes x
+    seconds), than the profile's pass table says: that run's simulation scales the profile's passes
+    and decode steps by it, since a profile measured at another time (even a minute apart, on this
+    shared machine) explains only runs under the same load. 1 without a probe or a table."""
+    if not shapes or not bare_s or not hw.pass_table:
         return 1.0
     table = PassTable(hw.pass_table)
-    predicted = sum(n * table(rows, new, prefix) for rows, new, prefix, n in probe["shapes"])
-    ratio = statistics.mean(probe["bare_s"]) / predicted
-    log.info("speed probe: the control's passes timed bare %s s, the profile's table %.2f s: x%.2f",
-             ", ".join(f"{b:.2f}" for b in probe["bare_s"]), predicted, ratio)
-    return ratio
+    return statistics.mean(bare_s) / sum(n * table(rows, new, prefix) for rows, new, prefix, n in shapes)
 
+
+def _probe_of(real: dict, run: str) -> list | None:
+    """The bare timings around the real run `run` (the e2e benchmark's `probe_bare_s`), else around
+    its control (results before per-run probes), else None (older results: no probe)."""
+    return real.get("runs", {}).get(run, {}).get("probe_bare_s") or real.get("speed_probe", {}).get("bare_s")
+
+
+def _scaled(hw, speed: float):
+    """`hw` with its passes and decode steps `speed` times as long."""
+    return dataclasses.replace(hw, prefill_scale=hw.prefill_scale * speed,
+                               decode_fit=hw.decode_fit and tuple(d * speed for d in hw.decode_fit))

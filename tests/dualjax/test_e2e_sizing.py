@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from dualjax.bench.e2e import _cost, _fit_wall, _grow_to, _planned, pass_shapes
-from dualjax.cli.validate import _speed_ratio
+from dualjax.cli.validate import _probe_of, _speed_ratio
 from dualjax.sim.profiles import get_hardware
 
 
@@ -44,6 +44,10 @@ def test_pass_shapes_sum_over_the_prefill_hosts_most_frequent_first():
 def test_the_speed_ratio_sets_the_bare_probe_against_the_profiles_table():
     hw = dataclasses.replace(get_hardware("paper-h800"), pass_table=((1, 256, 1024, 0.1), (2, 256, 1024, 0.15)))
     # table: 3 x 0.1 + 2 x 0.15 = 0.6 s; probes around the control 1.1 and 1.3 s: the machine ran 2x slower
-    probe = {"shapes": [[1, 256, 1024, 3], [2, 256, 1024, 2]], "bare_s": [1.1, 1.3]}
-    assert _speed_ratio(hw, probe) == pytest.approx(2.0)
-    assert _speed_ratio(hw, None) == 1.0  # an older result without a probe: the profile as measured
+    shapes = [[1, 256, 1024, 3], [2, 256, 1024, 2]]
+    assert _speed_ratio(hw, shapes, [1.1, 1.3]) == pytest.approx(2.0)
+    assert _speed_ratio(hw, None, None) == 1.0  # an older result without a probe: the profile as measured
+    # each run's own probe, else the control's
+    real = {"speed_probe": {"shapes": shapes, "bare_s": [1.0, 1.2]}, "runs": {"1p1d-basic": {"probe_bare_s": [2, 3]}}}
+    assert _probe_of(real, "1p1d-basic") == [2, 3] and _probe_of(real, "1p2d-basic") == [1.0, 1.2]
+    assert _probe_of({}, "1p1d-basic") is None
