@@ -163,15 +163,17 @@ def layer_sums(block: np.ndarray) -> list[int]:
 class SegmentFile:
     """A local segment file in the making, in a temp file beside `path` (unique to this process
     and thread) of `size` bytes, allocated up front (the disk's blocks are reserved at once, a
-    full disk fails here, and the writes skip the per-page work of delayed allocation); written
-    in place from the caller's arrays, no copy (`write`, from any thread); `finish(sync)` fsyncs
-    when `sync` and renames the file into place (atomic); `discard()` removes the temp file."""
+    full disk fails here, and the writes skip the per-page work of delayed allocation), `parts`
+    written from offset 0 in place from the caller's arrays, no copy; `write` adds more (from any
+    thread); `finish(sync)` fsyncs when `sync` and renames the file into place (atomic);
+    `discard()` removes the temp file. A failure while it is made leaves nothing behind."""
 
-    def __init__(self, path: str, size: int):
+    def __init__(self, path: str, size: int, parts: list):
         self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
         self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.posix_fallocate(self.fd, 0, size)
+            _pwrite_all(self.fd, parts, 0)
         except OSError:
             self.discard()
             raise

@@ -349,9 +349,9 @@ class BlockStore:
         """A segment's file, in place but not yet linked: its zarr3 shard index, its blocks (Layer
         Blocks in slot, layer order, from the callers' arrays) and its entry, fsynced when `sync`.
         Returns the blocks' layer checksums [n, L] and the entry. On a local directory the writer
-        thread writes the index and blocks with one pwritev while this one checksums the blocks
-        and encodes the entry (the two take about equal CPU, so on two free cores a put takes
-        about as long as the copy); elsewhere one TensorStore write."""
+        thread creates the file and writes the index and blocks with one pwritev while this one
+        checksums the blocks and encodes the entry (the two take about equal CPU, so on two free
+        cores a put takes about as long as the copy); elsewhere one TensorStore write."""
         S, layout = self.slots_per_segment, self.layout
         bids, blocks, slots = ([item[k] for item in items] for k in range(3))
         index, sums = shard_index(layout, S, slots[0] % S, len(items)), np.empty((len(items), layout.n_layers), "<u8")
@@ -361,15 +361,17 @@ class BlockStore:
             self.data_kv.write(self.segment_key(seg), joined([index, *blocks, entry])).result()
             return sums, entry
         end = len(index) + len(blocks) * layout.block_bytes
-        f = SegmentFile(os.path.join(self._root, "data", self.segment_key(seg)), end + entry_bytes(layout, len(blocks)))
+        path, size = os.path.join(self._root, "data", self.segment_key(seg)), end + entry_bytes(layout, len(blocks))
+        made = self._writer_pool.submit(SegmentFile, path, size, [index, *blocks])
         try:
-            write = self._writer_pool.submit(f.write, [index, *blocks], 0)
-            try:
-                sums[:] = [layer_sums(b) for b in blocks]
-                entry = encode_entry(bids, slots, sums)
-            finally:
-                concurrent.futures.wait([write])
-            write.result()
+            sums[:] = [layer_sums(b) for b in blocks]
+            entry = encode_entry(bids, slots, sums)
+        except BaseException:
+            if made.exception() is None:
+                made.result().discard()
+            raise
+        f = made.result()
+        try:
             f.write([entry], end)
         except BaseException:
             f.discard()
