@@ -196,7 +196,7 @@ def test_two_runs_share_one_store(tmp_path, reference):
 
 @pytest.mark.slow
 def test_a_real_full_filesystem_mid_run(tmp_path, reference):
-    """A 256 KiB tmpfs (user namespace) holds ~7 tiny blocks; the run needs more. (A storage NIC
+    """A 192 KiB tmpfs (user namespace) holds ~5 tiny blocks; the run needs more. (A storage NIC
     cap skips the start-up read profile, which writes its own scratch blocks beside the store.)"""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -204,11 +204,11 @@ def test_a_real_full_filesystem_mid_run(tmp_path, reference):
             ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k none {mnt}"], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs in a user namespace here")
     out = tmp_path / "out"
-    cmd = (f'mount -t tmpfs -o size=256k none {mnt} && "{sys.executable}" -m dualjax.cli.main run '
+    cmd = (f'mount -t tmpfs -o size=192k none {mnt} && "{sys.executable}" -m dualjax.cli.main run '
            + " ".join(ARGV) + f" --embedded --store {mnt}/store --store-gb 1 --snic-mbps 1000 --out {out}")
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    c = _check("disk full mid-run (256 KiB tmpfs)", json.load(open(out / "report.json")), tokens_of(str(out)),
+    c = _check("disk full mid-run (192 KiB tmpfs)", json.load(open(out / "report.json")), tokens_of(str(out)),
                reference)
     assert c["write_failures"] > 0 and proc.stderr.count("KV store write failed (ENOSPC)") == 1
 
