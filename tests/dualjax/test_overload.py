@@ -13,7 +13,7 @@ from dualjax.runtime.launch import run_embedded
 # tiny blocks are 32 KiB: budgets of a few requests' KV, so admission control has to hold requests back
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", turns=3, pe_buffer_mb=0.4,
                  de_buffer_mb=0.5)
-HEAVY = 192  # agents arriving at twice the capacity: the queue grows by about half of them
+HEAVY = 384  # agents arriving at twice the capacity: enough queueing that TTFTs leave the SLO
 
 
 def _run(tmp_path, name, **changes):
