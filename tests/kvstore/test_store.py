@@ -331,11 +331,11 @@ def test_a_store_of_another_format_version_is_refused(tmp_path, version):
         kv.BlockStore(spec, LAYOUT)
 
 
-@pytest.mark.parametrize("n_layers", [2, 40])  # 40 layers x 64 blocks: more Layer Blocks than one preadv takes
-def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers):
+@pytest.mark.parametrize("n_layers,dtype", [(2, "bfloat16"), (40, "float32")])  # 40 x 64: > IOV_MAX Layer Blocks
+def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers, dtype):
     """A buffer laid out [L, n, T, ...] (rows not contiguous, each Layer Block contiguous) gets
     exactly the blocks, whole or a layer at a time, and a truncated segment is still a miss."""
-    layout = _layout(n_layers=n_layers, record_shape=(1, 1, 4), block_tokens=4)
+    layout = _layout(n_layers=n_layers, record_shape=(1, 1, 4), block_tokens=4, dtype=dtype)
     n = 64
     ids, blocks = _chain(n, layout), _blocks(n, layout)
     with kv.BlockStore(kv.local_spec(tmp_path / "store"), layout) as s:
