@@ -12,6 +12,8 @@ import numpy as np
 import tensorstore as ts
 import xxhash
 
+from kvstore.hashing import check_hash
+
 log = logging.getLogger("kvstore.store")
 _IOV_MAX = 1024  # buffers per preadv (Linux's IOV_MAX)
 _VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
@@ -124,6 +126,8 @@ class RequestReads:
     def __init__(self, store, hashes: list[str], out: np.ndarray):
         self.store, self.hashes, self.out = store, hashes, out
         self.local = store._root is not None and (out.size == 0 or out[0, 0].flags.c_contiguous)
+        for h in hashes if self.local else ():  # `get` checks them itself; these become file names
+            check_hash(h)
         if self.local:
             store._pin(hashes)
             self.entries = store._slots(hashes)

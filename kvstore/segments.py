@@ -12,6 +12,7 @@ blocks start where they did before the entry moved in (`shard_index_bytes`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import struct
@@ -160,6 +161,19 @@ def layer_sums(block: np.ndarray) -> list[int]:
     return [xxhash.xxh3_64_intdigest(layer) for layer in block]
 
 
+def _preallocate(fd: int, size: int) -> None:
+    """Allocate the file's blocks up front (fewer extent updates while it is written); where the
+    platform or file system cannot (no `posix_fallocate`, EOPNOTSUPP, EINVAL), it is written
+    without. A full disk still raises (ENOSPC)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except AttributeError:
+        pass
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+
+
 class SegmentFile:
     """A local segment file in the making, in a temp file beside `path` (unique to this process
     and thread) of `size` bytes, allocated up front (the disk's blocks are reserved at once, a
@@ -172,7 +186,7 @@ class SegmentFile:
         self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
         self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.posix_fallocate(self.fd, 0, size)
+            _preallocate(self.fd, size)
             _pwrite_all(self.fd, parts, 0)
         except OSError:
             self.discard()

@@ -141,9 +141,10 @@ class BlockStore:
     """put / get / contains over Full Blocks, with an optional byte budget (LRU eviction).
 
     `spec`: a TensorStore kvstore spec (dict or URL such as "memory://"). `sync`: fsync every
-    segment file (and the manifest) before its blocks' index entries are written, so a block
-    visible after a power loss is complete; entries are not fsynced (one lost or torn by a power
-    loss reads as a miss), and atomic rename already protects against process crashes.
+    segment file, its entry included (and the manifest), before its blocks' index links are made,
+    so a block visible after a power loss is complete; the links (directory entries) are not
+    fsynced (one lost by a power loss reads as a miss), and atomic rename already protects against
+    process crashes.
     `context`: share one ts.Context between stores that must see the same `memory://` store.
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
@@ -330,19 +331,21 @@ class BlockStore:
         S, segments = self.slots_per_segment, collections.defaultdict(list)
         for item in todo:
             segments[item[2] // S].append(item)
-        entries, done = {}, []
+        entries, done, linked = {}, [], []
         try:
             for seg, items in segments.items():
                 sums, entry = self._write_segment(seg, items)
                 members = tuple(bid.hash for bid, _, _ in items)
                 entries.update((bid.hash, (slot, s, members)) for (bid, _, slot), s in zip(items, sums))
                 done.append((seg, members, entry))
-        except BaseException:
+            for seg, members, entry in done:
+                self._link(seg, members, entry, linked)
+        except BaseException:  # a link that failed (index directory full, no hard links) frees its segment too
+            if linked:
+                self._drop(linked, None)
             for seg in segments:
                 self._drop([], seg)
             raise
-        for seg, members, entry in done:
-            self._link(seg, members, entry)
         return entries
 
     def _write_segment(self, seg: int, items: list) -> tuple[np.ndarray, bytes]:
@@ -379,11 +382,13 @@ class BlockStore:
         f.finish(self.sync)
         return sums, entry
 
-    def _link(self, seg: int, hashes: tuple[str, ...], entry: bytes) -> None:
+    def _link(self, seg: int, hashes: tuple[str, ...], entry: bytes, linked: list[str]) -> None:
         """Make a finished segment's blocks visible: `index/<hash>` a hard link to its file (each
         appears atomically; one already there, another writer's equal block, stays), or on
-        kvstores without links a copy of its entry."""
+        kvstores without links a copy of its entry. Appends to `linked` each key it makes (before
+        making it), so a caller can take them back when a later one fails."""
         if self._root is None:
+            linked.extend(hashes)
             for f in [self.index_kv.write(h, entry) for h in hashes]:
                 f.result()
             return
@@ -391,6 +396,7 @@ class BlockStore:
         for h in hashes:
             try:
                 os.link(path, index + h)
+                linked.append(h)
             except FileExistsError:
                 pass
 

@@ -352,3 +352,23 @@ def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers, dtype):
         path, offset = _block_in_file(tmp_path, s, hashes[-1], layout)
         os.truncate(path, offset + layout.block_bytes // 2)  # entries known: the read finds the cut
         assert [r.result() is not None for r in s.get(hashes, out)] == [True] * (n - 1) + [False]
+
+
+def test_a_put_whose_links_fail_leaves_nothing_behind(tmp_path, store, monkeypatch):
+    """os.link failing after some links were made (index directory full, no hard links): the put
+    fails, its links are taken back and its segment files removed, so no space leaks."""
+    ids, blocks = _chain(3), _blocks(3)
+    real, made = os.link, []
+
+    def link(src, dst):
+        if made:
+            raise OSError(28, "No space left on device")
+        made.append(dst)
+        real(src, dst)
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(kv.StoreError):
+        store.put(ids, blocks)
+    assert made and not os.listdir(tmp_path / "store" / "index")
+    assert not [f for f in os.listdir(tmp_path / "store" / "data") if not f.startswith(".") and f != "zarr.json"]
+    monkeypatch.setattr(os, "link", real)
+    assert store.put(ids, blocks) == 3 and store.get_prefix([b.hash for b in ids])
