@@ -94,8 +94,9 @@ class Window:
 
 
 def _decimal(x: float) -> Fraction:
-    """A rate as the decimal it stands for (400 * 0.47 is 188, not its binary float's 2^-k neighbour)."""
-    return Fraction(x).limit_denominator(10**6)
+    """A rate as the decimal it stands for, to 12 significant digits (400 * 0.47 is 188, not its
+    binary float's 2^-k neighbour; a small rate stays positive)."""
+    return Fraction(f"{x:.12g}")
 
 
 def pd_window(gpus_per_node: int, snic_per_node: float, cnic_gbps: float, dram_gbs: float,
