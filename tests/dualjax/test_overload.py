@@ -1,5 +1,5 @@
-"""Overload: online arrivals at twice the measured capacity of an embedded tiny cluster. Nothing
-crashes, every request completes, each host's buffer peak stays within its budget, and SLO
+"""Overload: online arrivals at three times the measured capacity of an embedded tiny cluster.
+Nothing crashes, every request completes, each host's buffer peak stays within its budget, and SLO
 attainment falls against the same cluster at half its capacity."""
 
 import json
@@ -13,7 +13,9 @@ from dualjax.runtime.launch import run_embedded
 # tiny blocks are 32 KiB: budgets of a few requests' KV, so admission control has to hold requests back
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", turns=3, pe_buffer_mb=0.4,
                  de_buffer_mb=0.5)
-HEAVY = 384  # agents arriving at twice the capacity: enough queueing that TTFTs leave the SLO
+HEAVY = 384  # agents arriving at 3x the capacity: enough queueing that TTFTs leave the SLO
+OVER = 3  # x the capacity measured at 64 agents: at 384 the cluster serves more (fuller decode batches), and at
+# 2x it once kept up closely enough that no TTFT left the 4 s SLO (capacity 6.0/s, served 10.3/s)
 
 
 def _run(tmp_path, name, **changes):
@@ -45,14 +47,14 @@ def _finish_rate(path) -> float:
 
 
 @pytest.mark.slow
-def test_twice_the_capacity_stays_within_buffers_and_loses_slo(tmp_path, capacity):
+def test_overload_stays_within_buffers_and_loses_slo(tmp_path, capacity):
     light = _run(tmp_path, "light", agents=8, aps=capacity / 2)
-    heavy = _run(tmp_path, "heavy", agents=HEAVY, aps=2 * capacity)
+    heavy = _run(tmp_path, "heavy", agents=HEAVY, aps=OVER * capacity)
     assert heavy["requests"] == HEAVY * 3 and light["requests"] == 8 * 3
     for report in (light, heavy):
         for h in report["hosts"]:
             assert 0 < h["buffer_peak_bytes"] <= h["buffer_budget_bytes"], h
-    served = HEAVY / heavy["jct_s"]  # agents/s while arrivals came at 2 x capacity: the queue grew
+    served = HEAVY / heavy["jct_s"]  # agents/s while arrivals came at OVER x capacity: the queue grew
     why = f"capacity {capacity:.2f}/s, served {served:.2f}/s, light {light['ttft_s']}, heavy {heavy['ttft_s']}"
-    assert served < 2 * capacity and heavy["ttft_s"]["p99"] > 2 * light["ttft_s"]["p99"], why
+    assert served < OVER * capacity and heavy["ttft_s"]["p99"] > 2 * light["ttft_s"]["p99"], why
     assert heavy["slo"]["attained"] < light["slo"]["attained"], why
