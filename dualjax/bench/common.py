@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import platform
 import statistics
 import sys
@@ -52,3 +54,18 @@ def emit(result: dict, path: str | None) -> None:
         with open(path, "w") as f:
             f.write(text + "\n")
     sys.stdout.flush()
+
+
+def raw_parallel_read(path: str, buf: np.ndarray, threads: int) -> None:
+    """`path` into `buf` (reused, as large as the file) by `threads` threads, each `preadv`ing its
+    share: the machine's plain read at a given parallelism, with no format and no checks (the
+    benchmarks' raw yardstick at the store's own parallelism)."""
+    view = buf.reshape(-1).view(np.uint8)
+    share = -(-view.nbytes // threads)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda i: os.preadv(fd, [view[i * share:(i + 1) * share]], i * share), range(threads)))
+    finally:
+        os.close(fd)
+

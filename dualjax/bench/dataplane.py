@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import json
 import os
 import statistics
@@ -40,7 +39,7 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, machine, parser
+from dualjax.bench.common import emit, machine, parser, raw_parallel_read
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
@@ -87,17 +86,8 @@ class Data:
                 got += f.readinto(view[got:])
 
     def raw_parallel_read(self) -> None:
-        """The same bytes with as many threads as the store reads with, each `preadv`ing its share
-        (the stricter yardstick: the store's own parallelism, no format, no checks)."""
-        threads = kv.BlockStore.READER_THREADS
-        share = -(-self.raw_buf.nbytes // threads)
-        fd = os.open(self.raw_path, os.O_RDONLY)
-        try:
-            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda i: os.preadv(fd, [self.raw_buf[i * share:(i + 1) * share]], i * share),
-                              range(threads)))
-        finally:
-            os.close(fd)
+        """The same bytes with as many threads as the store reads with (the stricter yardstick)."""
+        raw_parallel_read(self.raw_path, self.raw_buf, kv.BlockStore.READER_THREADS)
 
     def buffers(self) -> list[RequestKV]:
         return [RequestKV(self.layout, self.nb * self.T) for _ in range(self.requests)]

@@ -16,7 +16,6 @@ key per block, OCDBT) so the format choice is measured, not assumed.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import resource
@@ -30,7 +29,7 @@ import tensorstore as ts
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, parser
+from dualjax.bench.common import emit, parser, raw_parallel_read
 from dualjax.runtime.store import layout_for
 
 log = logging.getLogger("dualjax.bench.kvstore")
@@ -75,18 +74,10 @@ def _store_read(store, hashes, rng, out, layer_major: bool = False) -> tuple[flo
 
 
 def _raw_read(path, buf: np.ndarray, threads: int) -> tuple[float, float]:
-    """The same bytes from one file into a reused buffer by `threads` threads, each `preadv`ing its
-    share: the machine's plain read at the store's own parallelism, with no format and no checks."""
-    view = buf.reshape(-1).view(np.uint8)
-    share = -(-view.nbytes // threads)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        t0 = _now()
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: os.preadv(fd, [view[i * share:(i + 1) * share]], i * share), range(threads)))
-        return _since(t0)
-    finally:
-        os.close(fd)
+    """The same bytes from one file into a reused buffer at the store's own parallelism, timed."""
+    t0 = _now()
+    raw_parallel_read(path, buf, threads)
+    return _since(t0)
 
 
 def _raw_fromfile(path) -> tuple[float, float]:
