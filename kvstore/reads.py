@@ -13,9 +13,9 @@ import tensorstore as ts
 import xxhash
 
 from kvstore.hashing import check_hash
+from kvstore.segments import IOV_MAX
 
 log = logging.getLogger("kvstore.store")
-_IOV_MAX = 1024  # buffers per preadv (Linux's IOV_MAX)
 _VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
 
 
@@ -85,7 +85,7 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
     layer-major buffer's are not), so the iovecs are then Layer Blocks."""
     views = [out[row, sel] for _, row, _ in run]
     whole_rows = views[0].flags.c_contiguous
-    per = max(1, min(_VERIFY_BYTES // views[0].nbytes, _IOV_MAX // (1 if whole_rows else len(views[0]))))
+    per = max(1, min(_VERIFY_BYTES // views[0].nbytes, IOV_MAX // (1 if whole_rows else len(views[0]))))
     offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * layout.layer_bytes
     failed: dict[int, str] = {}
     for c in range(0, len(run), per):

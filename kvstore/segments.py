@@ -31,7 +31,7 @@ ENTRY_MAGIC = b"DJIX6"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, then _ENTRY_TAIL
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
 _ENTRY_TAIL = struct.Struct("<QI")  # XXH3-64 of the entry before it, the entry's length (checksum included)
-_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
+IOV_MAX = 1024  # buffers per preadv / pwritev call (Linux's IOV_MAX)
 
 
 def segment_slots(layout: BlockLayout) -> int:
@@ -147,7 +147,7 @@ def _pwrite_all(fd: int, parts: list, offset: int) -> int:
     """Write `parts` from `offset` on (writev's short writes resumed); returns the end offset."""
     views = [_bytes_of(p) for p in parts]
     while views:
-        done = os.pwritev(fd, views[:_IOV_MAX], offset)
+        done = os.pwritev(fd, views[:IOV_MAX], offset)
         offset += done
         while views and done >= len(views[0]):
             done -= len(views.pop(0))
