@@ -109,8 +109,11 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _run(out: str, walls: dict, base: RunConfig, name: str, **changes) -> dict:
-    """One embedded run of `base` with `changes` into `out/name`; its JCT and wall go into `walls`."""
+    """One embedded run of `base` with `changes` into `out/name`, emptied first (a run again under the
+    same name, e.g. the control at fewer agents, would otherwise find the blocks the last one stored
+    and hit where the simulator, and a first run, miss); its JCT and wall go into `walls`."""
     cfg = base.replace(out=os.path.join(out, name), **changes)
+    shutil.rmtree(cfg.out, ignore_errors=True)
     t0 = time.time()
     r = run_embedded(cfg, progress=False)
     peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
