@@ -13,6 +13,7 @@ import time
 
 import jax
 import numpy as np
+import xxhash
 
 
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:
@@ -56,16 +57,28 @@ def emit(result: dict, path: str | None) -> None:
     sys.stdout.flush()
 
 
-def raw_parallel_read(path: str, buf: np.ndarray, threads: int) -> None:
+def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> None:
     """`path` into `buf` (reused, as large as the file) by `threads` threads, each `preadv`ing its
     share: the machine's plain read at a given parallelism, with no format and no checks (the
-    benchmarks' raw yardstick at the store's own parallelism)."""
+    benchmarks' raw yardstick at the store's own parallelism). With `checksum_bytes`, each thread
+    reads 1 MiB at a time and runs XXH3 over each `checksum_bytes` piece right after it lands, as
+    the store verifies its reads: the least any checked read of these bytes costs here."""
     view = buf.reshape(-1).view(np.uint8)
     share = -(-view.nbytes // threads)
     fd = os.open(path, os.O_RDONLY)
+
+    def read(i: int) -> None:
+        mine = view[i * share:(i + 1) * share]
+        if not checksum_bytes:
+            os.preadv(fd, [mine], i * share)
+            return
+        for c in range(0, mine.size, 1 << 20):
+            chunk = mine[c:c + (1 << 20)]
+            os.preadv(fd, [chunk], i * share + c)
+            for p in range(0, chunk.size, checksum_bytes):
+                xxhash.xxh3_64_intdigest(chunk[p:p + checksum_bytes])
     try:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: os.preadv(fd, [view[i * share:(i + 1) * share]], i * share), range(threads)))
+            list(pool.map(read, range(threads)))
     finally:
         os.close(fd)
-

@@ -5,7 +5,8 @@
 Reads: Full Blocks fetched in random order through one `BlockStore.get` (and layer-major, one
 `get` per layer), every Layer Block checksum-verified, versus a plain read of one file with the
 same bytes by `preadv` into a reused buffer with as many threads as the store reads with (and, for
-comparison, `numpy.fromfile`); both from the page cache after a warm-up, and both cold (their files
+comparison, `numpy.fromfile`, and with XXH3 over each Layer Block as it lands: the checksum's own
+cost); both from the page cache after a warm-up, and both cold (their files
 dropped from the page cache before each read), in interleaved trials (median). Writes at equal
 durability: `BlockStore.put` of 8 blocks at a time (one segment file per put, its index entry
 inside; each block visible atomically, only once complete) versus `tofile` to a temp file and a
@@ -73,10 +74,11 @@ def _store_read(store, hashes, rng, out, layer_major: bool = False) -> tuple[flo
     return dt
 
 
-def _raw_read(path, buf: np.ndarray, threads: int) -> tuple[float, float]:
-    """The same bytes from one file into a reused buffer at the store's own parallelism, timed."""
+def _raw_read(path, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> tuple[float, float]:
+    """The same bytes from one file into a reused buffer at the store's own parallelism, timed
+    (with `checksum_bytes`, XXH3 over each Layer Block as it lands: the checksum's own cost)."""
     t0 = _now()
-    raw_parallel_read(path, buf, threads)
+    raw_parallel_read(path, buf, threads, checksum_bytes)
     return _since(t0)
 
 
@@ -113,10 +115,11 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
         threads = kv.BlockStore.READER_THREADS
         _store_read(store, hashes, rng, out), _store_read(store, hashes, rng, out, True)  # warm-up
         _raw_read(raw, raw_buf, threads), _raw_fromfile(raw)
-        s, lm, r, f = [], [], [], []
+        s, lm, r, f, rc = [], [], [], [], []
         for _ in range(trials):
             s.append(_store_read(store, hashes, rng, out))
             r.append(_raw_read(raw, raw_buf, threads))
+            rc.append(_raw_read(raw, raw_buf, threads, layout.layer_bytes))
             lm.append(_store_read(store, hashes, rng, out, layer_major=True))
             f.append(_raw_fromfile(raw))
         store_dir = os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")
@@ -129,10 +132,13 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
     nbytes = n * layout.block_bytes
     read_cold, raw_read_cold = (_gbps(nbytes, statistics.median(w for w, _ in x)) for x in (cold, raw_cold))
     read, raw_read, layer, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x)) for x in (s, r, lm, f))
-    cpu, raw_cpu, layer_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm))
+    checked = _gbps(nbytes, statistics.median(w for w, _ in rc))
+    cpu, raw_cpu, layer_cpu, checked_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm, rc))
     return {"block_bytes": layout.block_bytes, "blocks": n, "read_gbps": read, "raw_read_gbps": raw_read,
             "read_vs_raw": read / raw_read, "read_layer_major_gbps": layer, "read_layer_major_vs_raw": layer / raw_read,
             "read_cpu_vs_raw": raw_cpu / cpu, "read_layer_major_cpu_vs_raw": raw_cpu / layer_cpu,
+            "raw_read_checked_gbps": checked, "raw_checked_vs_raw": checked / raw_read,
+            "raw_checked_cpu_vs_raw": raw_cpu / checked_cpu, "read_vs_raw_checked": read / checked,
             "raw_fromfile_gbps": fromfile, "read_vs_raw_fromfile": read / fromfile,
             "read_cold_gbps": read_cold, "raw_read_cold_gbps": raw_read_cold,
             "read_cold_vs_raw": read_cold / raw_read_cold}
@@ -269,7 +275,10 @@ def main(argv=None) -> dict:
         "Block's XXH3 checksum and every index entry (its XXH3 and the hash of parent and tokens) verified; "
         "raw: the same bytes from one file, preadv by as many threads as the store's readers into a reused buffer "
         "(until 2026-12-01 raw was np.fromfile, which allocates a new buffer per read and so counted page faults "
-        "against raw: kept as raw_fromfile_gbps / read_vs_raw_fromfile). "
+        "against raw: kept as raw_fromfile_gbps / read_vs_raw_fromfile); raw_read_checked: the raw read in 1 MiB "
+        "preadvs with XXH3 over each Layer Block as it lands (the checksum's own cost, no store), so "
+        "raw_checked_vs_raw is what verification alone leaves of the raw read and read_vs_raw_checked what the "
+        "store's own work leaves of that. "
         "Writes at equal durability: each store block and the raw file become "
         "visible atomically (rename; a block only once its segment file is complete); write_vs_raw with no fsync "
         "on either side, write_fsync_vs_raw with fsync on both (the store fsyncs every segment file, its index entry "
