@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import pickle
 import queue
 import threading
@@ -344,4 +345,4 @@ class _Shape:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
