@@ -2,6 +2,7 @@
 hand (no runs: the benchmark itself runs in test_runtime)."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -51,3 +52,25 @@ def test_the_speed_ratio_sets_the_bare_probe_against_the_profiles_table():
     real = {"speed_probe": {"shapes": shapes, "bare_s": [1.0, 1.2]}, "runs": {"1p1d-basic": {"probe_bare_s": [2, 3]}}}
     assert _probe_of(real, "1p1d-basic") == [2, 3] and _probe_of(real, "1p2d-basic") == [1.0, 1.2]
     assert _probe_of({}, "1p1d-basic") is None
+
+
+def test_a_run_again_under_the_same_name_starts_from_an_empty_directory(tmp_path, monkeypatch):
+    """The control re-run at fewer agents must not find the first control's stored blocks (its first
+    turns would hit where the simulator's miss)."""
+    from dualjax.bench import e2e
+    from dualjax.core.config import ClusterSpec, RunConfig
+    seen = []
+
+    def fake_run(cfg, progress):
+        seen.append(sorted(p.name for p in (tmp_path / "control").rglob("*")) if (tmp_path / "control").exists()
+                    else None)
+        os.makedirs(cfg.store_dir, exist_ok=True)
+        open(os.path.join(cfg.store_dir, "block"), "w").close()  # what a run leaves behind
+        return {"jct_s": 1.0, "paths": {}, "snic_max_over_avg": None,
+                "hosts": [{"role": "prefill", "buffer_peak_bytes": 0, "pass_shapes": []}]}
+
+    monkeypatch.setattr(e2e, "run_embedded", fake_run)
+    base = RunConfig(ClusterSpec(1, 1), model="small", workload="agentic-e2e", agents=2)
+    for _ in range(2):
+        e2e._run(str(tmp_path), {}, base, "control", policy="basic")
+    assert seen == [None, None]
