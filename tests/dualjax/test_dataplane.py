@@ -125,3 +125,13 @@ def test_dataplane_benchmark_quick(tmp_path):
             "stages"} <= set(result)
     assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
+
+
+def test_kvstore_benchmark_quick(tmp_path):
+    """The keys other tools read, and the checksum floor beside the raw read (the same bytes, checked)."""
+    from dualjax.bench import kvstore
+    result = kvstore.main(["--quick", "--dir", str(tmp_path), "--json", str(tmp_path / "kv.json")])
+    assert {"read_vs_raw", "write_vs_raw", "cap_measured_mbps", "cap_target_mbps", "raw_checked_vs_raw",
+            "read_vs_raw_checked"} <= set(result)
+    assert result["raw_read_checked_gbps"] > 0 and result["read_vs_raw_checked"] > 0
+    assert result["cap_target_mbps"] == 100.0
