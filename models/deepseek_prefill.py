@@ -18,7 +18,7 @@ from models import deepseek
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.deepseek_config import DeepSeekConfig
 from models.params import Params
-from models.prefill import InputError, check_tokens
+from models.prefill import InputError, check_tokens, host_padded, rows_at
 
 
 @functools.partial(jax.jit, static_argnums=3)
@@ -43,22 +43,26 @@ class DeepSeekLayerwise:
             deepseek.empty_kv(cfg, 1, self.B, int(lengths.max(initial=0))), lengths, cfg, self.B, self.T, 1)
         self.Tb, self.Sb = buckets.new(self.T), buckets.prefix(int(lengths.max(initial=0)))
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
-        self.x = _embed_jit(params, deepseek.pad_to(jnp.asarray(tokens), 1, self.Tb))
+        self.x = _embed_jit(params, jnp.asarray(host_padded(tokens, 1, self.Tb)))
         self.next_layer = 0
         self.held: collections.deque = collections.deque(maxlen=2)  # the prefixes of the last two layers
 
     def layer(self, layer: int, prefix_kv):
         """Run `layer` over its prefix records [B, S, *record]; returns the new tokens' [B, T, *record]."""
+        return self.layer_padded(layer, prefix_kv)[:, :self.T]
+
+    def layer_padded(self, layer: int, prefix_kv):
+        """`layer` without the final cut: [B, Tb, *record] (see `models.prefill.Layerwise.layer_padded`)."""
         if layer != self.next_layer:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         deepseek.check_records(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
-        # jnp.array copies: the caller may reuse its host buffer while this layer still computes.
-        prefix_kv = deepseek.pad_to(jnp.array(prefix_kv)[:, :self.Sb], 1, self.Sb)
+        # a copy, padded on the host: the caller may reuse its host buffer while this layer computes
+        prefix_kv = jnp.asarray(host_padded(prefix_kv, 1, self.Sb))
         self.held.append(prefix_kv)
         self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                 jnp.asarray(self.prefix_len))
         self.next_layer += 1
-        return kv[:, :self.T]
+        return kv
 
     def logits(self):
         """Logits [B, T, V] float32 after the last layer."""
@@ -66,3 +70,10 @@ class DeepSeekLayerwise:
             raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
         self.held.clear()
         return _head_jit(self.params, self.cfg, self.x)[:, :self.T]
+
+    def logits_at(self, index):
+        """Logits [B, V] float32 of token index[b] of each row, after the last layer."""
+        if self.next_layer != self.cfg.n_layers:
+            raise InputError(f"Layerwise.logits_at() after {self.next_layer} of {self.cfg.n_layers} layers")
+        self.held.clear()
+        return rows_at(_head_jit(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))

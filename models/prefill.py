@@ -61,6 +61,23 @@ def check_prefix_len(prefix_len, batch: int, S: int, new: int, cfg) -> np.ndarra
     return lengths
 
 
+def host_padded(a, axis: int, size: int) -> np.ndarray:
+    """`a` copied into a new host array zero-padded (or cut) along `axis` to `size`. Padding on the
+    host compiles nothing, where an eager `jnp.pad` or slice compiles a program for every new
+    unpadded length (0.2-0.5 s a pass on CPU for `small`: every agent turn has a new length)."""
+    a = np.asarray(a)
+    out = np.zeros((*a.shape[:axis], size, *a.shape[axis + 1:]), a.dtype)
+    n = min(a.shape[axis], size)
+    out[(slice(None),) * axis + (slice(0, n),)] = a[(slice(None),) * axis + (slice(0, n),)]
+    return out
+
+
+@jax.jit
+def rows_at(x, index):
+    """x [B, T, ...] at token index[b] of each row b: [B, ...] (one program per padded shape)."""
+    return x[jnp.arange(x.shape[0]), index]
+
+
 def _pad(a, axis: int, size: int):
     if a.shape[axis] == size:
         return a
@@ -114,7 +131,7 @@ class Layerwise:
             lengths, cfg, self.B, self.T, 1)
         self.Tb, self.Sb = buckets.new(self.T), buckets.prefix(int(lengths.max(initial=0)))
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
-        self.x = _embed_jit(params, _pad(jnp.asarray(tokens), 1, self.Tb))
+        self.x = _embed_jit(params, jnp.asarray(host_padded(tokens, 1, self.Tb)))
         self.next_layer = 0
         # Device copies of the prefix KV of the last two layers: the one computing and the one
         # before it (still in flight). Older ones are dropped, so the device holds ~2 layers.
@@ -122,17 +139,22 @@ class Layerwise:
 
     def layer(self, layer: int, prefix_kv):
         """Run `layer` over its prefix KV [B, S, 2, K, H]; returns the new tokens' KV [B, T, 2, K, H]."""
+        return self.layer_padded(layer, prefix_kv)[:, :self.T]
+
+    def layer_padded(self, layer: int, prefix_kv):
+        """`layer` without the final cut: [B, Tb, 2, K, H], padded to the new-token bucket, so that a new
+        unpadded length compiles nothing (the runtime's form: it cuts each row on the host)."""
         if layer != self.next_layer:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         check_prefix(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
-        # jnp.array copies: on CPU a NumPy buffer may otherwise be aliased, and a host buffer the
-        # caller reuses (a PE buffer) must not change under a computation still running.
-        prefix_kv = _pad(jnp.array(prefix_kv)[:, :self.Sb], 1, self.Sb)
+        # a copy: a host buffer the caller reuses (a PE buffer) must not change under a computation
+        # still running; padded on the host, so no shape but the bucket's reaches the device
+        prefix_kv = jnp.asarray(host_padded(prefix_kv, 1, self.Sb))
         self.held.append(prefix_kv)
         self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                 jnp.asarray(self.prefix_len))
         self.next_layer += 1
-        return kv[:, :self.T]
+        return kv
 
     def logits(self):
         """Logits [B, T, V] float32 after the last layer."""
@@ -140,6 +162,14 @@ class Layerwise:
             raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
         self.held.clear()
         return _head_jit(self.params, self.cfg, self.x)[:, :self.T]
+
+    def logits_at(self, index):
+        """Logits [B, V] float32 of token index[b] of each row, after the last layer (no program per
+        unpadded length)."""
+        if self.next_layer != self.cfg.n_layers:
+            raise InputError(f"Layerwise.logits_at() after {self.next_layer} of {self.cfg.n_layers} layers")
+        self.held.clear()
+        return rows_at(_head_jit(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))
 
 
 def compile_counts() -> dict[str, int]:

@@ -30,7 +30,7 @@ from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
 from dualjax.runtime.startup import attention_fit
-from dualjax.runtime.warmup import prefill_shapes, warm_prefill
+from dualjax.runtime.warmup import warm_prefill, warm_shapes
 from kvstore import block_chain
 from models import Layerwise, greedy
 from models.buckets import DEFAULT_BUCKETS
@@ -97,7 +97,7 @@ class PrefillHost(Host):
         self.spawn(self._work_loop, name="worker")
 
     def warm_up(self) -> None:
-        warm_prefill(self.params, self.model_cfg, prefill_shapes(self.cfg, self.model_cfg, self.layout.block_tokens))
+        warm_prefill(self.params, self.model_cfg, warm_shapes(self.cfg, self.model_cfg, self.layout.block_tokens))
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
@@ -204,7 +204,7 @@ class PrefillHost(Host):
                     r.restart(valid, self.layout)
                     return []
                 hits.append(hit_kv)
-            kv = lw.layer(layer, self._prefix(plan, layer, hits))  # dispatched; runs while we send the previous layer
+            kv = lw.layer_padded(layer, self._prefix(plan, layer, hits))  # dispatched; runs while we send the last
             kv.copy_to_host_async()  # its device->host copy starts when it is computed, not when we ask
             if previous is not None:
                 self._send_layer(plan, fresh, *previous)
@@ -216,8 +216,9 @@ class PrefillHost(Host):
                 r.done[layer].append(fresh[b][layer])
             r.next += n
             if r.next == r.a.request.prompt_len:
-                logits = lw.logits() if logits is None else logits
-                self._finish(r, int(np.asarray(greedy(logits[b, n - 1]))))
+                if logits is None:  # each row's last token's logits, [rows, V]: no program per length
+                    logits = np.asarray(lw.logits_at(np.array([m - 1 for _, m in plan], np.int32)))
+                self._finish(r, int(np.asarray(greedy(logits[b]))))
                 finished.append(r)
         return finished
 

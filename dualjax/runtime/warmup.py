@@ -1,11 +1,14 @@
 """Warm start: a host compiles the programs its workload will need before the run's clock starts.
 
-A prefill pass compiles one program per padded (new tokens, prefix) shape (`models.buckets`).
-`prefill_shapes` lists the shapes a workload's turns produce when each turn hits every full block
-of the context before it (the common case) and is cut into `prefill_chunk` pieces, as the prefill
-host computes them; `warm_prefill` runs one layerwise pass of each, with zeros, so the first real
-request finds them compiled. Rank 0 starts the clock once every host said it is warm (`Warm`),
-and `report.json` states the start-up time apart (`startup`), under mpiexec as embedded.
+A prefill pass compiles one program per (rows, padded new tokens, padded prefix) shape
+(`models.buckets`). `prefill_shapes` lists the (new, prefix) shapes a workload's turns produce when
+each turn hits every full block of the context before it (the common case) and is cut into
+`prefill_chunk` pieces, as the prefill host computes them; `warm_shapes` adds the passes that batch
+2 to `MAX_WARM_ROWS` rows (a pass's shape is its longest new and its longest prefix, which may come
+from different rows, so every pairing); `warm_prefill` runs one layerwise pass of each, with zeros,
+so the first real request finds them compiled. A pass of more rows compiles when it first occurs.
+Rank 0 starts the clock once every host said it is warm (`Warm`), and `report.json` states the
+start-up time apart (`startup`), under mpiexec as embedded.
 """
 
 from __future__ import annotations
@@ -38,6 +41,20 @@ def prefill_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
+MAX_WARM_ROWS = 4  # rows of the largest pass compiled before the clock (each row count is another program)
+
+
+def warm_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int, int]]:
+    """(rows, padded new, padded prefix) of the passes `cfg`'s workload can compute, up to
+    `MAX_WARM_ROWS` rows and no more rows than it has agents (sorted)."""
+    single = prefill_shapes(cfg, model_cfg, block_tokens)
+    agents = len(load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps))
+    news, prefixes = {n for n, _ in single}, {c for _, c in single}
+    multi = {(n, c) for n in news for c in prefixes if n + c <= model_cfg.max_seq_len}
+    return sorted([(1, n, c) for n, c in single] +
+                  [(rows, n, c) for rows in range(2, min(MAX_WARM_ROWS, agents) + 1) for n, c in multi])
+
+
 def prompt_lengths(cfg, model_cfg) -> list[int]:
     """Distinct prompt lengths of `cfg`'s workload (what a decode host inserts into its cache)."""
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
@@ -63,15 +80,15 @@ def warm_decode(cache, params, lengths: list[int]):
     return cache
 
 
-def warm_prefill(params, model_cfg, shapes: list[tuple[int, int]]) -> float:
-    """One zero-filled layerwise pass per (new, prefix) shape, rows = 1; returns the seconds spent."""
+def warm_prefill(params, model_cfg, shapes: list[tuple[int, int, int]]) -> float:
+    """One zero-filled layerwise pass per (rows, new, prefix) shape; returns the seconds spent."""
     t0 = time.perf_counter()
-    for new, prefix in shapes:
-        lw = models.Layerwise(params, model_cfg, np.zeros((1, new), np.int32), prefix_len=[prefix])
-        kv = np.zeros((1, prefix, *model_cfg.kv_record_shape), model_cfg.kv_dtype)
+    for rows, new, prefix in shapes:
+        lw = models.Layerwise(params, model_cfg, np.zeros((rows, new), np.int32), prefix_len=[prefix] * rows)
+        kv = np.zeros((rows, prefix, *model_cfg.kv_record_shape), model_cfg.kv_dtype)
         for layer in range(model_cfg.n_layers):
-            lw.layer(layer, kv)
-        np.asarray(lw.logits())
+            lw.layer_padded(layer, kv)  # what the prefill host calls
+        np.asarray(lw.logits_at(np.zeros(rows, np.int32)))
     return time.perf_counter() - t0
 
 
