@@ -16,7 +16,7 @@ from kvstore.hashing import check_hash
 from kvstore.segments import IOV_MAX
 
 log = logging.getLogger("kvstore.store")
-_VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
+VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
 
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
@@ -78,14 +78,14 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
 
 def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
                sel: slice) -> dict[int, str]:
-    """Consecutive blocks (layers `sel`) into their rows, a chunk of at most `_VERIFY_BYTES` per
+    """Consecutive blocks (layers `sel`) into their rows, a chunk of at most `VERIFY_BYTES` per
     `preadv`, each chunk's Layer Blocks checked against their checksums right after it lands,
     while they are still in this core's cache (a checksum pass over memory costs half a copy; over
     cache, a fraction). Each Layer Block of `out` is contiguous; the rows need not be (a
     layer-major buffer's are not), so the iovecs are then Layer Blocks."""
     views = [out[row, sel] for _, row, _ in run]
     whole_rows = views[0].flags.c_contiguous
-    per = max(1, min(_VERIFY_BYTES // views[0].nbytes, IOV_MAX // (1 if whole_rows else len(views[0]))))
+    per = max(1, min(VERIFY_BYTES // views[0].nbytes, IOV_MAX // (1 if whole_rows else len(views[0]))))
     offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * layout.layer_bytes
     failed: dict[int, str] = {}
     for c in range(0, len(run), per):

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import xxhash
 
+from kvstore.reads import VERIFY_BYTES
+
 
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall seconds of `fn()` (its result is blocked on, so async dispatch is counted)."""
@@ -61,8 +63,8 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
     """`path` into `buf` (reused, as large as the file) by `threads` threads, each `preadv`ing its
     share: the machine's plain read at a given parallelism, with no format and no checks (the
     benchmarks' raw yardstick at the store's own parallelism). With `checksum_bytes`, each thread
-    reads 1 MiB at a time and runs XXH3 over each `checksum_bytes` piece right after it lands, as
-    the store verifies its reads: the least any checked read of these bytes costs here."""
+    reads `VERIFY_BYTES` at a time and runs XXH3 over each `checksum_bytes` piece right after it
+    lands, as the store verifies its reads: the least any checked read of these bytes costs here."""
     view = buf.reshape(-1).view(np.uint8)
     share = -(-view.nbytes // threads)
     fd = os.open(path, os.O_RDONLY)
@@ -72,8 +74,8 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
         if not checksum_bytes:
             os.preadv(fd, [mine], i * share)
             return
-        for c in range(0, mine.size, 1 << 20):
-            chunk = mine[c:c + (1 << 20)]
+        for c in range(0, mine.size, VERIFY_BYTES):
+            chunk = mine[c:c + VERIFY_BYTES]
             os.preadv(fd, [chunk], i * share + c)
             for p in range(0, chunk.size, checksum_bytes):
                 xxhash.xxh3_64_intdigest(chunk[p:p + checksum_bytes])
