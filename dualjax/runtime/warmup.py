@@ -25,9 +25,14 @@ from dualjax.runtime.transport import HostFailure
 from models.buckets import DEFAULT_BUCKETS
 
 
-def prefill_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int]]:
-    """Padded (new, prefix) shapes, one row per pass, that `cfg`'s workload produces (sorted)."""
-    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+def _agents(cfg, model_cfg) -> list:
+    return load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+
+
+def prefill_shapes(cfg, model_cfg, block_tokens: int, agents: list | None = None) -> list[tuple[int, int]]:
+    """Padded (new, prefix) shapes, one row per pass, that `cfg`'s workload (`agents`, loaded when
+    None) produces (sorted)."""
+    agents = _agents(cfg, model_cfg) if agents is None else agents
     shapes, B = set(), DEFAULT_BUCKETS
     for agent in agents:
         ctx = 0
@@ -48,17 +53,17 @@ MAX_WARM_ROWS = 4  # rows of the largest pass compiled before the clock (each ro
 def warm_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int, int]]:
     """(rows, padded new, padded prefix) of the passes `cfg`'s workload can compute, up to
     `MAX_WARM_ROWS` rows and no more rows than it has agents (sorted)."""
-    single = prefill_shapes(cfg, model_cfg, block_tokens)
-    agents = len(load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps))
+    agents = _agents(cfg, model_cfg)
+    single = prefill_shapes(cfg, model_cfg, block_tokens, agents)
     news, prefixes = {n for n, _ in single}, {c for _, c in single}
     multi = {(n, c) for n in news for c in prefixes if n + c <= model_cfg.max_seq_len}
     return sorted([(1, n, c) for n, c in single] +
-                  [(rows, n, c) for rows in range(2, min(MAX_WARM_ROWS, agents) + 1) for n, c in multi])
+                  [(rows, n, c) for rows in range(2, min(MAX_WARM_ROWS, len(agents)) + 1) for n, c in multi])
 
 
 def prompt_lengths(cfg, model_cfg) -> list[int]:
     """Distinct prompt lengths of `cfg`'s workload (what a decode host inserts into its cache)."""
-    agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    agents = _agents(cfg, model_cfg)
     lengths = set()
     for agent in agents:
         ctx = 0
