@@ -23,7 +23,7 @@ from models.buckets import DEFAULT_BUCKETS
 from models.config import ModelConfig
 from models.model import DECODE_CACHE_AXES, DECODE_CACHE_AXES_SEQ, decode_seq_major, decode_step_jit, greedy
 from models.params import Params
-from models.prefill import InputError, check_tokens, prefill
+from models.prefill import InputError, check_tokens, host_padded, prefill
 from models.sharding import constrain, logical_sharding
 
 
@@ -34,6 +34,17 @@ def _insert_jit(cache, kv, slot, seq_major: bool):
     kv = kv.transpose((0, 2, 1, 3, 4) if seq_major else (0, 2, 3, 1, 4))[:, :, None]  # [L, 2, 1, S, K, H] / K, S
     axes = DECODE_CACHE_AXES_SEQ if seq_major else DECODE_CACHE_AXES
     return constrain(jax.lax.dynamic_update_slice(cache, kv, (0, 0, slot, 0, 0, 0)), axes)
+
+
+def padded_kv(kv, length: int, padded: int, dtype) -> jax.Array:
+    """kv [L, S, ...]'s first `length` positions as a new array of `dtype` zero-padded to `padded`
+    positions: a copy, since JAX may alias a NumPy buffer that the caller reuses (a DE buffer). Host
+    KV is padded on the host, which compiles nothing; an eager pad would compile a program for
+    every new length (~0.2 s each on CPU for `small`: every agent turn has one)."""
+    if isinstance(kv, np.ndarray):
+        return jnp.asarray(host_padded(kv[:, :length].astype(dtype, copy=False), 1, padded))
+    kv = jnp.array(kv[:, :length], dtype)
+    return jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * (kv.ndim - 2))
 
 
 def _frozen(lengths) -> np.ndarray:
@@ -113,10 +124,7 @@ class DecodeCache:
                              f"got slot {slot}, length {length}")
         if length >= self.capacity:
             raise InputError(f"sequence of {length} tokens does not fit decode capacity {self.capacity}")
-        padded = min(self.capacity, DEFAULT_BUCKETS.prefix(length))
-        # jnp.array copies: JAX may alias a NumPy buffer, which the caller may reuse (a DE buffer).
-        kv = jnp.array(kv[:, :length], self.kv.dtype)
-        kv = jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * 3)
+        kv = padded_kv(kv, length, min(self.capacity, DEFAULT_BUCKETS.prefix(length)), self.kv.dtype)
         lengths = self.lengths.copy()
         lengths[slot] = length
         return self.replace(kv=_insert_jit(self.kv, kv, slot, self.seq_major), lengths=_frozen(lengths))

@@ -18,7 +18,7 @@ from flax import struct
 
 from models import deepseek
 from models.buckets import DEFAULT_BUCKETS
-from models.decode import DecodeCache
+from models.decode import DecodeCache, padded_kv
 from models.deepseek_config import DeepSeekConfig
 from models.params import Params
 from models.prefill import InputError
@@ -87,9 +87,7 @@ class DeepSeekDecodeCache(DecodeCache):
                              f"got slot {slot}, length {length}")
         if length >= self.capacity:
             raise InputError(f"sequence of {length} tokens does not fit decode capacity {self.capacity}")
-        padded = min(self.capacity, DEFAULT_BUCKETS.prefix(length))
-        kv = jnp.array(kv[:, :length], self.kv.dtype)  # a copy: the caller may reuse its buffer
-        kv = jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * len(cfg.kv_record_shape))
+        kv = padded_kv(kv, length, min(self.capacity, DEFAULT_BUCKETS.prefix(length)), self.kv.dtype)
         lengths = self.lengths.copy()
         lengths[slot] = length
         return self.replace(kv=_insert_jit(self.kv, kv, slot), lengths=_frozen(lengths))

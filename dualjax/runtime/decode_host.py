@@ -93,7 +93,8 @@ class DecodeHost(Host):
         self.spawn(self._write_loop, name="writer")
 
     def warm_up(self) -> None:
-        self.cache = warm_decode(self.cache, self.params, prompt_lengths(self.cfg, self.model_cfg))
+        self.cache = warm_decode(self.cache, self.params, prompt_lengths(self.cfg, self.model_cfg),
+                                 self.layout.block_tokens)
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):

@@ -74,15 +74,17 @@ def prompt_lengths(cfg, model_cfg) -> list[int]:
     return sorted(lengths)
 
 
-def warm_decode(cache, params, lengths: list[int]):
-    """Compile a decode cache's inserts (one per padded prompt length) and its step; returns the
-    cache, every slot free again (the warm-up's entries lie past length 0, never attended)."""
+def warm_decode(cache, params, lengths: list[int], block_tokens: int):
+    """Compile what a decode host runs: a cache's inserts (one per padded prompt length), its step
+    with greedy sampling, and the read of one block's KV for write-back; returns the cache, every
+    slot free again (the warm-up's entries lie past length 0, never attended)."""
     cfg = cache.cfg
     padded = sorted({min(cache.capacity - 1, DEFAULT_BUCKETS.prefix(n)) for n in lengths if 0 < n < cache.capacity})
     for n in padded:
         cache = cache.insert(0, np.zeros((cfg.n_layers, n, *cfg.kv_record_shape), cfg.kv_dtype)).evict(0)
     logits, cache = cache.step(params, np.zeros(cache.slots, np.int32))
-    np.asarray(logits)
+    np.asarray(models.greedy(logits))
+    np.asarray(cache.row(0, 0, min(block_tokens, cache.capacity)))
     return cache
 
 

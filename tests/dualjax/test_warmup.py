@@ -1,17 +1,55 @@
 """Warm start: the shapes a host compiles before the clock are the shapes the run then computes,
 and the report states start-up apart from the run."""
 
+import logging
+import time
+
+import jax
+
 import models
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.runtime import launch
 from dualjax.runtime.launch import run_embedded
 from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3, policy="pe-only")
 
 
-def test_every_pass_the_run_computes_was_warmed(tmp_path):
+class _Compiles(logging.Handler):
+    """JAX's compile log (`jax_log_compiles`): when each program was compiled, and which."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[float, str]] = []
+
+    def emit(self, record):
+        if record.getMessage().startswith("Compiling "):
+            self.seen.append((record.created, record.getMessage().split(" with ")[0]))
+
+
+def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
     cfg = BASE.replace(out=str(tmp_path / "run"))
-    report = run_embedded(cfg, progress=False)
+    clock = []  # when rank 0 starts the run's clock: every host has reported warm
+
+    def wait_warm(*args):
+        out = launch_wait_warm(*args)
+        clock.append(time.time())
+        return out
+
+    launch_wait_warm = launch.wait_warm
+    monkeypatch.setattr(launch, "wait_warm", wait_warm)
+    compiles, jax_log, was = _Compiles(), logging.getLogger("jax"), jax.config.jax_log_compiles
+    jax_log.addHandler(compiles)
+    jax.config.update("jax_log_compiles", True)  # globally: `with jax.log_compiles()` is one thread's
+    try:
+        report = run_embedded(cfg, progress=False)
+    finally:
+        jax.config.update("jax_log_compiles", was)
+        jax_log.removeHandler(compiles)
+    # nothing compiles on the clock: not a pass, not a decode insert at a new length, not sampling
+    assert clock and compiles.seen
+    late = [name for t, name in compiles.seen if t > clock[0]]
+    assert late == [], late
     warmed = set(warm_shapes(cfg, models.get_config(cfg.model), cfg.block_tokens))
     pe = next(h for h in report["hosts"] if h["role"] == "prefill")
     ran = {(t["rows"], t["new"], t["prefix"]) for t in pe["pass_shapes"]}  # rows too: each count is a program
