@@ -5,6 +5,7 @@ import logging
 import time
 
 import jax
+import numpy as np
 
 import models
 from dualjax.core.config import ClusterSpec, RunConfig
@@ -42,6 +43,7 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
     jax_log.addHandler(compiles)
     jax.config.update("jax_log_compiles", True)  # globally: `with jax.log_compiles()` is one thread's
     try:
+        jax.jit(lambda x: x + 1)(np.zeros(3))  # a new program: the log is seen (the run's may be cached already)
         report = run_embedded(cfg, progress=False)
     finally:
         jax.config.update("jax_log_compiles", was)
