@@ -5,7 +5,6 @@ entry's per-layer checksums (`BlockRead`)."""
 from __future__ import annotations
 
 import collections
-import logging
 import os
 
 import numpy as np
@@ -15,8 +14,8 @@ import xxhash
 from kvstore.hashing import check_hash
 from kvstore.segments import IOV_MAX
 
-log = logging.getLogger("kvstore.store")
 VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
+READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
 
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
@@ -106,14 +105,31 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
     return failed
 
 
-def _bad_block(store, h: str, why: str) -> None:
-    """Block `h` did not read right: a miss, and its segment is dropped from the index (once)."""
-    if h not in store._entries:  # dropped meanwhile with a bad block of its segment
-        store.counters["misses"] += 1
-        return
-    log.warning("block %s unreadable, treated as a miss and dropped from the index with its segment: %s", h, why)
-    store.counters["bad_blocks"] += 1
-    store.invalidate(h)
+def get(store, hashes: list[str], out: np.ndarray | None, layers: range | None) -> list["BlockRead"]:
+    """`BlockStore.get`: pin, look the entries up, then a few large reads, all in flight (the first
+    verifies while the rest land), in slot order so a read covers runs of consecutive blocks of few
+    segment files whatever the request's order (a cold read then streams instead of seeking)."""
+    for h in hashes:
+        check_hash(h)
+    layout = store.layout
+    layers = range(layout.n_layers) if layers is None else layers
+    want = (len(hashes), *layout.full_shape)
+    if out is None:
+        out = np.empty(want, layout.np_dtype)
+    elif out.shape != want or out.dtype != layout.np_dtype:
+        raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected {want} {layout.dtype}")
+    store.pin(hashes)
+    entries = store.entries(hashes)
+    rows = sorted((i for i, e in enumerate(entries) if e is not None), key=lambda i: entries[i][0])
+    futs: list = [None] * len(hashes)
+    per = max(1, min(READ_GROUP_BYTES // (layout.layer_bytes * len(layers)),  # every reader thread busy
+                     -(-len(rows) // store.files.READER_THREADS)))
+    for g in range(0, len(rows), per):
+        group = rows[g:g + per]
+        fut = store.files.read_rows(out, group, [entries[i] for i in group], slice(layers.start, layers.stop))
+        for i in group:
+            futs[i] = fut
+    return [BlockRead(store, h, out[i], futs[i], layers, e) for i, (h, e) in enumerate(zip(hashes, entries))]
 
 
 class RequestReads:
@@ -125,20 +141,20 @@ class RequestReads:
 
     def __init__(self, store, hashes: list[str], out: np.ndarray):
         self.store, self.hashes, self.out = store, hashes, out
-        self.local = store._root is not None and (out.size == 0 or out[0, 0].flags.c_contiguous)
+        self.local = store.files.preads(out)
         for h in hashes if self.local else ():  # `get` checks them itself; these become file names
             check_hash(h)
         if self.local:
-            store._pin(hashes)
-            self.entries = store._slots(hashes)
+            store.pin(hashes)
+            self.entries = store.entries(hashes)
 
     def submit(self, b0: int, b1: int, layers: range):
         """Start reading blocks [b0, b1), layers `layers`, into their rows of `out`."""
         if not self.local:
             return self.store.get(self.hashes[b0:b1], self.out[b0:b1], layers=layers)
         rows = sorted((i for i in range(b0, b1) if self.entries[i] is not None), key=lambda i: self.entries[i][0])
-        fut = self.store._read_rows(self.out, rows, [self.entries[i] for i in rows],
-                                    slice(layers.start, layers.stop)) if rows else None
+        fut = self.store.files.read_rows(self.out, rows, [self.entries[i] for i in rows],
+                                         slice(layers.start, layers.stop)) if rows else None
         return b0, b1, layers, fut
 
     def done(self, batch) -> bool:
@@ -158,7 +174,7 @@ class RequestReads:
             if entry is None:
                 self.store.counters["misses"] += 1
             elif entry[0] in failed:
-                _bad_block(self.store, h, failed[entry[0]])
+                self.store.block_failed(h, failed[entry[0]])
             ok.append(entry is not None and entry[0] not in failed)
         counters, n = self.store.counters, sum(ok)
         counters["layer_blocks_read"] += n * len(layers)
@@ -171,7 +187,7 @@ class RequestReads:
         """Release the request's pins (after its last batch is collected)."""
         if self.local:
             for h in self.hashes:
-                self.store._unpin(h)
+                self.store.unpin(h)
 
 
 class BlockRead:
@@ -197,21 +213,21 @@ class BlockRead:
             try:
                 self._outcome = self._collect()
             finally:
-                self.store._unpin(self.hash)
+                self.store.unpin(self.hash)
         return self._outcome
 
     def release(self) -> None:
         """Give the block up unread (a miss before it ended the prefix): unpin it now."""
         if self._outcome is False:
             self._outcome = None
-            self.store._unpin(self.hash)
+            self.store.unpin(self.hash)
 
     def _bad(self, why: str) -> None:
-        _bad_block(self.store, self.hash, why)
+        self.store.block_failed(self.hash, why)
 
     def __del__(self):
         if self._outcome is False:
-            self.store._unpin(self.hash)
+            self.store.unpin(self.hash)
 
     def _collect(self) -> np.ndarray | None:
         counters = self.store.counters

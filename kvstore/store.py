@@ -17,11 +17,9 @@ kvstore (a local directory by default, `memory://` in tests, any TensorStore kvs
   re-hashes (parent, tokens), which must give the key back, and a read checks each Layer Block it
   fetched against its checksum.
 
-On a local directory, a segment file is written to a temp file allocated at its final size, its
-index and blocks with one `pwritev` (no copy of the caller's arrays) by a writer thread while the
-caller checksums the blocks, then the entry after them, and the file renamed into place; blocks
-are read with `preadv` straight into the caller's buffer on reader threads that verify each
-Layer Block as it lands; other kvstores go through TensorStore.
+The I/O is `SegmentFiles`' (kvstore/files.py: plain file I/O on a local directory, TensorStore
+elsewhere); reading, `kvstore/reads.py`'s. This class decides what is read and written: names,
+entries' checks, pins, recency, the budget and the counters.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
 every put starts a fresh segment, so processes writing one directory never collide and need no
@@ -39,7 +37,6 @@ process evicts under a reader reads as a miss.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -50,23 +47,16 @@ import weakref
 import numpy as np
 import tensorstore as ts
 
+from kvstore import reads
 from kvstore.errors import FingerprintMismatch, StoreError, cause_of
+from kvstore.files import SegmentFiles
 from kvstore.hashing import BlockId, check_hash, hash_block
 from kvstore.layout import BlockLayout
-from kvstore.reads import BlockRead, pread_rows
+from kvstore.reads import BlockRead
 from kvstore.segments import (
     SLOT_BITS,
-    SegmentFile,
     decode_entry,
-    encode_entry,
-    entry_bytes,
-    joined,
-    layer_sums,
-    read_tail,
     segment_slots,
-    shard_index,
-    shard_index_bytes,
-    zarr_metadata,
 )
 
 log = logging.getLogger(__name__)
@@ -76,7 +66,6 @@ FORMAT_VERSION = 3
 COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
-_READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
 
 
 def _describe(layout_json) -> str:
@@ -88,13 +77,6 @@ def _describe(layout_json) -> str:
 
 def _new_writer() -> int:
     return int.from_bytes(os.urandom(8), "little") >> (64 - WRITER_BITS)
-
-
-def _sub(spec: dict, path: str, **resources) -> dict:
-    """`spec` under `path`; file-driver context resources (`file_io_sync`, ...) set when it is one."""
-    spec = dict(spec, **(resources if spec.get("driver") == "file" else {}))
-    spec["path"] = spec.get("path", "") + path
-    return spec
 
 
 def _is_hash(key: str) -> bool:
@@ -149,7 +131,7 @@ class BlockStore:
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
 
-    READER_THREADS = 2  # threads reading segment files of a local store into callers' buffers
+    READER_THREADS = SegmentFiles.READER_THREADS
 
     def __init__(self, spec, layout: BlockLayout, capacity_bytes: int | None = None, sync: bool = False,
                  context: ts.Context | None = None):
@@ -159,20 +141,12 @@ class BlockStore:
             self.kv = ts.KvStore.open(spec, context=self.context).result()
             base = self.kv.spec().to_json()
             self.slots_per_segment = self._open_manifest()
-            self.index_kv = ts.KvStore.open(_sub(base, "index/", file_io_sync=False), context=self.context).result()
-            data = _sub(base, "data/")
-            self.data_kv = ts.KvStore.open(data, context=self.context).result()
-            self.array = ts.open({"driver": "zarr3", "kvstore": data, "fill_missing_data_reads": False,
-                                  "metadata": zarr_metadata(layout, self.slots_per_segment)},
-                                 create=True, open=True, context=self.context).result()
+            self.files = SegmentFiles(base, layout, self.slots_per_segment, sync, self.context)
             self._check_writable()
-            keys = [k.decode() for k in self.index_kv.list().result()]
+            keys = self.files.keys()
         except ValueError as e:
             raise StoreError(f"cannot open store {spec!r}: {e}", cause_of(e)) from None
-        self._root = base["path"] if base.get("driver") == "file" else None  # a local directory: plain file writes
-        self._writer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-write")
-        self._reader_pool = concurrent.futures.ThreadPoolExecutor(self.READER_THREADS,
-                                                                  thread_name_prefix="kvstore-read")
+        self.array = self.files.array  # the zarr3 array [slots, L, T, *record] the segment files make up
         self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
         self._lock = self._view.lock
         self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) verified here
@@ -296,7 +270,7 @@ class BlockStore:
                 for base in [self._next_segment()] for j, i in enumerate(new[s:s + cap])]
         self._evict_for(len(todo) * layout.block_bytes)
         try:
-            entries = self._write_blocks(todo)
+            entries = self.files.write(todo)
         except (ValueError, OSError) as e:
             self.counters["write_failures"] += 1
             raise StoreError(f"writing {len(todo)} blocks failed: {e}", cause_of(e)) from None
@@ -323,93 +297,10 @@ class BlockStore:
                             "further %s failures are counted, not logged: %s", e.cause, e.cause, e)
             return 0
 
-    def _write_blocks(self, todo) -> dict[str, tuple[int, np.ndarray, tuple[str, ...]]]:
-        """Each segment's file written and put in place (`_write_segment`); the index links appear
-        only once every segment file of the call is in place, so a block is visible only once
-        complete. On failure nothing of this call is visible. Returns hash -> (slot, layer
-        checksums, segment members). The seam where tests inject write faults."""
-        S, segments = self.slots_per_segment, collections.defaultdict(list)
-        for item in todo:
-            segments[item[2] // S].append(item)
-        entries, done, linked = {}, [], []
-        try:
-            for seg, items in segments.items():
-                sums, entry = self._write_segment(seg, items)
-                members = tuple(bid.hash for bid, _, _ in items)
-                entries.update((bid.hash, (slot, s, members)) for (bid, _, slot), s in zip(items, sums))
-                done.append((seg, members, entry))
-            for seg, members, entry in done:
-                self._link(seg, members, entry, linked)
-        except BaseException:  # a link that failed (index directory full, no hard links) frees its segment too
-            if linked:
-                self._drop(linked, None)
-            for seg in segments:
-                self._drop([], seg)
-            raise
-        return entries
-
-    def _write_segment(self, seg: int, items: list) -> tuple[np.ndarray, bytes]:
-        """A segment's file, in place but not yet linked: its zarr3 shard index, its blocks (Layer
-        Blocks in slot, layer order, from the callers' arrays) and its entry, fsynced when `sync`.
-        Returns the blocks' layer checksums [n, L] and the entry. On a local directory the writer
-        thread creates the file and writes the index and blocks with one pwritev while this one
-        checksums the blocks and encodes the entry (the two take about equal CPU, so on two free
-        cores a put takes about as long as the copy); elsewhere one TensorStore write."""
-        S, layout = self.slots_per_segment, self.layout
-        bids, blocks, slots = ([item[k] for item in items] for k in range(3))
-        index, sums = shard_index(layout, S, slots[0] % S, len(items)), np.empty((len(items), layout.n_layers), "<u8")
-        if self._root is None:
-            sums[:] = [layer_sums(b) for b in blocks]
-            entry = encode_entry(bids, slots, sums)
-            self.data_kv.write(self.segment_key(seg), joined([index, *blocks, entry])).result()
-            return sums, entry
-        end = len(index) + len(blocks) * layout.block_bytes
-        path, size = os.path.join(self._root, "data", self.segment_key(seg)), end + entry_bytes(layout, len(blocks))
-        made = self._writer_pool.submit(SegmentFile, path, size, [index, *blocks])
-        try:
-            sums[:] = [layer_sums(b) for b in blocks]
-            entry = encode_entry(bids, slots, sums)
-        except BaseException:
-            if made.exception() is None:
-                made.result().discard()
-            raise
-        f = made.result()
-        try:
-            f.write([entry], end)
-        except BaseException:
-            f.discard()
-            raise
-        f.finish(self.sync)
-        return sums, entry
-
-    def _link(self, seg: int, hashes: tuple[str, ...], entry: bytes, linked: list[str]) -> None:
-        """Make a finished segment's blocks visible: `index/<hash>` a hard link to its file (each
-        appears atomically; one already there, another writer's equal block, stays), or on
-        kvstores without links a copy of its entry. Appends to `linked` each key it makes (before
-        making it), so a caller can take them back when a later one fails."""
-        if self._root is None:
-            linked.extend(hashes)
-            for f in [self.index_kv.write(h, entry) for h in hashes]:
-                f.result()
-            return
-        path, index = os.path.join(self._root, "data", self.segment_key(seg)), os.path.join(self._root, "index", "")
-        for h in hashes:
-            try:
-                os.link(path, index + h)
-                linked.append(h)
-            except FileExistsError:
-                pass
-
     # -- index ---------------------------------------------------------------------------------
     def _present(self, hashes: list[str]) -> list[bool]:
-        """Whether each block has an index entry now (a stat per block on a local directory, else
-        one concurrent index read per block)."""
-        if self._root is None:
-            futs = [self.index_kv.read(check_hash(h)) for h in hashes]
-            out = [f.result().state == "value" for f in futs]
-        else:
-            index = os.path.join(self._root, "index", "")
-            out = [os.path.isfile(index + check_hash(h)) for h in hashes]
+        """Whether each block has an index entry now; this process's view follows."""
+        out = self.files.present(hashes)
         with self._lock:
             for h, there in zip(hashes, out):
                 if there:
@@ -440,8 +331,17 @@ class BlockStore:
         with self._lock:
             segment, members = self._view.segments.get(h, (None, (h,)))
             self._forget(members)
-        self._drop(members, segment)
+        self.files.drop(members, segment)
         self.counters["invalidated"] += len(members)
+
+    def block_failed(self, h: str, why: str) -> None:
+        """Block `h` did not read right: a miss, and its segment is dropped from the index (once)."""
+        if h not in self._entries:  # dropped meanwhile with a bad block of its segment
+            self.counters["misses"] += 1
+            return
+        log.warning("block %s unreadable, treated as a miss and dropped from the index with its segment: %s", h, why)
+        self.counters["bad_blocks"] += 1
+        self.invalidate(h)
 
     def _forget(self, members) -> None:
         """Drop blocks from this process's view (the caller holds the lock)."""
@@ -449,21 +349,6 @@ class BlockStore:
             self._view.lru.pop(m, None)
             self._view.segments.pop(m, None)
             self._entries.pop(m, None)
-
-    def segment_key(self, segment: int) -> str:
-        """The data/ key of a segment's file."""
-        return ".".join([str(segment)] + ["0"] * len(self.layout.full_shape))
-
-    def _drop(self, members, segment: int | None) -> None:
-        """Delete index entries (invisible first), then the segment's file. A block not freed is
-        still a correct block: failures are logged, not raised."""
-        try:
-            for f in [self.index_kv.write(m, None) for m in members]:
-                f.result()
-            if segment is not None:
-                self.data_kv.write(self.segment_key(segment), None).result()
-        except ValueError as e:
-            log.warning("dropping blocks %s failed: %s", ", ".join(members), e)
 
     def _parse_entry(self, h: str, raw: bytes | None) -> tuple[int, np.ndarray] | None:
         """(slot, layer checksums) of block `h` from `raw` (its segment file's tail, or its entry), or
@@ -479,10 +364,9 @@ class BlockStore:
             self.counters["bad_blocks"] += 1
             with self._lock:
                 self._forget([h])
-            if self._root is not None and raw:
-                with contextlib.suppress(OSError):
-                    os.truncate(os.path.join(self._root, "index", h), 0)
-            self._drop([h], None)
+            if raw:
+                self.files.empty(h)
+            self.files.drop([h], None)
             self.counters["invalidated"] += 1
             return None
         slot, sums, members = record
@@ -491,40 +375,36 @@ class BlockStore:
             self._view.segments[h] = (slot // self.slots_per_segment, members)
         return slot, sums
 
-    def _slots(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
-        """(slot, layer checksums) per block from its entry (None: a miss), read from the end of its
-        index file on a local directory (as many bytes as an entry can take), else by concurrent
-        index reads; entries verified once are remembered."""
+    def entries(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
+        """(slot, layer checksums) per block from its index entry (None: a miss, or an entry found
+        malformed, which is dropped); entries verified once are remembered."""
         with self._lock:
             known = [self._entries.get(h) for h in hashes]
-        if self._root is None:
-            pending = {h: self.index_kv.read(h) for h, s in zip(hashes, known) if s is None}
-            raw = {h: (got.value if got.state == "value" else None) for h, f in pending.items() for got in [f.result()]}
-        else:
-            limit, index = entry_bytes(self.layout, self.slots_per_segment), os.path.join(self._root, "index")
-            raw = {h: read_tail(os.path.join(index, h), limit) for h, s in zip(hashes, known) if s is None}
-        return [s if s is not None else self._parse_entry(h, raw[h]) for h, s in zip(hashes, known)]
+        raw = self.files.entries([h for h, e in zip(hashes, known) if e is None])
+        return [e if e is not None else self._parse_entry(h, raw[h]) for h, e in zip(hashes, known)]
 
     # -- reading -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def pinned(self, hashes: list[str]):
         """Keep `hashes` (and their segments) from eviction inside the `with` block (reads in
         flight are pinned too)."""
-        self._pin(hashes, touch=False)
+        self.pin(hashes, touch=False)
         try:
             yield
         finally:
             for h in hashes:
-                self._unpin(h)
+                self.unpin(h)
 
-    def _pin(self, hashes: list[str], touch: bool = True) -> None:
+    def pin(self, hashes: list[str], touch: bool = True) -> None:
+        """Keep `hashes` (and their segments) from eviction until each is `unpin`ned once; `touch`:
+        make their segments most recently used (a read)."""
         with self._lock:
             for h in hashes:
                 self._view.pins[h] += 1
             if touch:
                 self._view.touch(hashes)
 
-    def _unpin(self, h: str) -> None:
+    def unpin(self, h: str) -> None:
         """Release one pin. Releasing the last one evicts down to the budget of every store on this
         directory in the process (a write's eviction had to spare this block's segment while it
         was read, so the store may be over budget until now)."""
@@ -540,46 +420,10 @@ class BlockStore:
     def get(self, hashes: list[str], out: np.ndarray | None = None, layers: range | None = None) -> list[BlockRead]:
         """Start reading blocks into `out` [n, L, T, *record] (allocated when None); each block (or
         only `layers` of it) lands straight in its row (preadv on a local directory, TensorStore
-        elsewhere). Returns one
-        `BlockRead` per hash, whose `result()` is that row, checked, or None (missing, corrupt or
-        truncated). Blocks being read are pinned against eviction until `result()`."""
-        for h in hashes:
-            check_hash(h)
-        layers = range(self.layout.n_layers) if layers is None else layers
-        want = (len(hashes), *self.layout.full_shape)
-        if out is None:
-            out = np.empty(want, self.layout.np_dtype)
-        elif out.shape != want or out.dtype != self.layout.np_dtype:
-            raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected {want} {self.layout.dtype}")
-        self._pin(hashes)
-        entries = self._slots(hashes)
-        # in slot order, so a group covers runs of consecutive blocks of few segment files: fewer, larger
-        # reads whatever the request's order (a cold read then streams instead of seeking)
-        rows = sorted((i for i, e in enumerate(entries) if e is not None), key=lambda i: entries[i][0])
-        futs: list = [None] * len(hashes)
-        per = max(1, min(_READ_GROUP_BYTES // (self.layout.layer_bytes * len(layers)),  # every reader thread busy
-                         -(-len(rows) // self.READER_THREADS)))
-        for g in range(0, len(rows), per):  # a few large reads, all in flight: the first verifies while the rest land
-            group = rows[g:g + per]
-            fut = self._read_rows(out, group, [entries[i] for i in group], slice(layers.start, layers.stop))
-            for i in group:
-                futs[i] = fut
-        return [BlockRead(self, h, out[i], futs[i], layers, e) for i, (h, e) in enumerate(zip(hashes, entries))]
-
-    def _read_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice):
-        """Start reading the blocks of `entries` (layers `sel`) into rows `rows` of `out`: on a
-        local directory, when `out`'s Layer Blocks are contiguous (its rows need not be: a
-        layer-major buffer's are not), a reader thread preads them straight into `out`, one call
-        per run of consecutive slots of a segment, and checks their checksums (its future gives {slot: why}
-        for blocks that failed); elsewhere one TensorStore read (its future raises when any block
-        failed; the caller checks checksums)."""
-        if self._root is None or not (out.size == 0 or out[0, 0].flags.c_contiguous):
-            dst = ts.array(out, copy=False)
-            dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
-            return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
-        S = self.slots_per_segment
-        return self._reader_pool.submit(pread_rows, lambda segment: os.path.join(self._root, "data", self.segment_key(
-            segment)), self.layout, S, shard_index_bytes(self.layout, S), out, rows, entries, sel)
+        elsewhere). Returns one `BlockRead` per hash, whose `result()` is that row, checked, or
+        None (missing, corrupt or truncated). Blocks being read are pinned against eviction until
+        `result()`."""
+        return reads.get(self, hashes, out, layers)
 
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
@@ -624,12 +468,12 @@ class BlockStore:
             if victim is None:
                 return
             if isinstance(victim, str):  # listed at open: learn its segment from its entry
-                self._slots([victim])
+                self.entries([victim])
                 with self._lock:
                     if victim not in self._view.segments:  # gone or malformed
                         self._forget([victim])
                 continue
-            self._drop(victim[1], victim[0])
+            self.files.drop(victim[1], victim[0])
             self.counters["evicted"] += len(victim[1])
 
     def stats(self) -> dict:
@@ -640,8 +484,7 @@ class BlockStore:
 
     def close(self) -> None:
         """Stop the writer and reader threads (TensorStore handles need no closing)."""
-        self._writer_pool.shutdown()
-        self._reader_pool.shutdown()
+        self.files.close()
 
     def __enter__(self):
         return self

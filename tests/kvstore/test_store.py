@@ -107,7 +107,7 @@ def test_tensorstore_reads_a_segment_despite_its_entry(tmp_path, store):
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
     for b, want in zip(ids, blocks):
-        np.testing.assert_array_equal(store.array[store._slots([b.hash])[0][0]].read().result(), want)
+        np.testing.assert_array_equal(store.array[store.entries([b.hash])[0][0]].read().result(), want)
 
 
 def test_a_put_of_more_than_a_segment_writes_several(tmp_path, store):
@@ -159,9 +159,9 @@ def test_bad_blocks_and_ids_are_rejected(store):
 def _block_in_file(tmp_path, store, h, layout=LAYOUT):
     """(segment file, offset of block `h` in it): the shard index (S·L (offset, length) pairs of
     <u8) comes first, then the segment's blocks in slot order, then its entry."""
-    slot = store._slots([h])[0][0]
+    slot = store.entries([h])[0][0]
     S = store.slots_per_segment
-    path = tmp_path / "store" / "data" / store.segment_key(slot // S)
+    path = tmp_path / "store" / "data" / store.files.segment_key(slot // S)
     return str(path), S * layout.n_layers * 16 + slot % S * layout.block_bytes
 
 
@@ -216,7 +216,7 @@ def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
     store.put(ids[:2], blocks[:2])
     # Make the next segment's file name a directory, so the real file write fails (EISDIR).
     slot = (store._writer << kv.store.COUNTER_BITS) | store._counter
-    os.makedirs(tmp_path / "store" / "data" / store.segment_key(slot // store.slots_per_segment))
+    os.makedirs(tmp_path / "store" / "data" / store.files.segment_key(slot // store.slots_per_segment))
     with pytest.raises(kv.StoreError, match="writing 2 blocks failed") as e:
         store.put(ids[2:], blocks[2:])
     assert e.value.cause == "EISDIR" and store.stats()["write_failures"] == 1

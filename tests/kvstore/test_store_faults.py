@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kvstore as kv
+from kvstore.files import SegmentFiles
 
 LAYOUT = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
 
@@ -39,19 +40,19 @@ def test_slots_derive_from_one_constant_and_segments_align(tmp_path):
 def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch, caplog):
     ids, blocks = _data(4)
     with kv.BlockStore("memory://", LAYOUT) as s:
-        real = kv.BlockStore._write_blocks
+        real = SegmentFiles.write
         faults = iter([errno.ENOSPC, errno.ENOSPC, errno.EIO])
 
         def failing(self, todo):
             raise OSError(next(faults), "injected")
 
-        monkeypatch.setattr(kv.BlockStore, "_write_blocks", failing)
+        monkeypatch.setattr(SegmentFiles, "write", failing)
         with caplog.at_level(logging.WARNING, logger="kvstore.store"):
             assert [s.cache(ids[i:i + 1], blocks[i:i + 1]) for i in range(3)] == [0, 0, 0]
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 2 and "ENOSPC" in warnings[0] and "EIO" in warnings[1]
         assert s.stats()["write_failures"] == 3 and s.match_prefix([b.hash for b in ids]) == 0
-        monkeypatch.setattr(kv.BlockStore, "_write_blocks", real)
+        monkeypatch.setattr(SegmentFiles, "write", real)
         assert s.cache(ids, blocks) == 4  # the next turn writes them
         np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), blocks)
         with pytest.raises(ValueError, match="Full Blocks"):  # a bug still raises
