@@ -24,7 +24,7 @@ import importlib
 import sys
 
 from dualjax.cli.errors import user_errors
-from dualjax.core.config import RunConfig, add_flags, from_args
+from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
 
 BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
            "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e", "dataplane": "dualjax.bench.dataplane"}
@@ -81,6 +81,7 @@ def dispatch(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    use_compile_cache()
     if argv[:2] == ["sim", "validate"]:
         from dualjax.cli.validate import main as validate_main
         validate_main(argv[2:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -63,6 +64,26 @@ class ClusterSpec:
         if rank in self.decode_ranks:
             return "decode"
         raise ConfigError(f"rank {rank} is outside cluster {self.name} ({self.size} ranks)")
+
+
+COMPILE_CACHE_ENV = "DUALJAX_COMPILE_CACHE"  # directory of JAX's persistent compilation cache; "off": none
+
+
+def use_compile_cache(environ=None) -> str | None:
+    """Point JAX's persistent compilation cache at $DUALJAX_COMPILE_CACHE (default
+    ~/.cache/dualjax/jax; "off" turns it off) unless JAX_COMPILATION_CACHE_DIR is set already, by
+    setting the environment JAX reads when it is first imported: in this process if JAX is not
+    loaded yet, and in every process it starts (mpiexec's ranks). Programs that take 0.1 s or more
+    to compile are cached, so a second run, or a rank after another, loads what was compiled
+    before instead of compiling it again (the run's clock never includes either: hosts compile
+    before it starts). Returns the directory, or None."""
+    environ = os.environ if environ is None else environ
+    where = environ.get(COMPILE_CACHE_ENV, os.path.join("~", ".cache", "dualjax", "jax"))
+    if where == "off":
+        return environ.get("JAX_COMPILATION_CACHE_DIR")
+    environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser(where))
+    environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    return environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 def setting(default, help: str, *, flag: str | None = None, negate: str | None = None, parse=None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dualjax.core.config import RunConfig, add_flags, from_args
+from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
 
 
 def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
+    use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
     from mpi4py import MPI
 
     from dualjax.runtime.launch import run_rank, summary_line

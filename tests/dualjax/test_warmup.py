@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 import models
-from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.config import COMPILE_CACHE_ENV, ClusterSpec, RunConfig, use_compile_cache
 from dualjax.runtime import launch
 from dualjax.runtime.launch import run_embedded
 from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
@@ -66,3 +66,12 @@ def test_prompt_lengths_grow_with_the_context():
     cfg = BASE
     lengths = prompt_lengths(cfg, models.get_config(cfg.model))
     assert lengths == sorted(set(lengths)) and lengths[0] > 0 and len(lengths) >= 3
+
+
+def test_the_compile_cache_goes_where_asked_and_never_over_a_users_choice(tmp_path):
+    env = {COMPILE_CACHE_ENV: str(tmp_path / "cache")}
+    assert use_compile_cache(env) == str(tmp_path / "cache") == env["JAX_COMPILATION_CACHE_DIR"]
+    assert float(env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) > 0
+    assert use_compile_cache({COMPILE_CACHE_ENV: "off"}) is None
+    mine = {"JAX_COMPILATION_CACHE_DIR": "/mine"}
+    assert use_compile_cache(mine) == "/mine" and use_compile_cache({}).endswith("dualjax/jax")
