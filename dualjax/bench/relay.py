@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,6 +34,9 @@ class Ping:
 @dataclasses.dataclass(frozen=True)
 class Stop:
     bulk = True  # ends the KV stream: must not overtake it
+
+
+LATENCY_S = 0.3  # each control-latency run relays about this long (a few hundred pings)
 
 
 def _layer_blocks(n_layers: int, tokens: int):
@@ -121,8 +125,10 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
         relay_s.append(_relay(comm, layers, repeats, True, None, chunk)[0])
         strided_s.append(_relay(comm, strided, repeats, True, None, chunk)[0])
     raw_s, relay_s, strided_s = min(raw_s), min(relay_s), min(strided_s)
-    _, lat_prio = _relay(comm, layers, repeats, True, 0.002, chunk)
-    _, lat_fifo = _relay(comm, layers, repeats, False, 0.002, chunk)
+    # a p99 needs a few hundred samples: each latency run relays for about LATENCY_S, pinging every ms
+    lat_repeats = comm.bcast(max(1, math.ceil(LATENCY_S / relay_s * repeats)), root=0)
+    _, lat_prio = _relay(comm, layers, lat_repeats, True, 0.001, chunk)
+    _, lat_fifo = _relay(comm, layers, lat_repeats, False, 0.001, chunk)
     if comm.rank == 0:
         result = {
             "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
@@ -137,8 +143,10 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
-                     "with an MPI datatype); best of 5, interleaved. Control: a ping every 2 ms while the relay "
-                     "keeps 2 layers queued; FIFO = one lane in submission order.",
+                     "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
+                     "keeps 2 layers queued, for about LATENCY_S "
+                     "(a few hundred pings: until 2026-12-01 a ping every 2 ms over one throughput run's bytes gave "
+                     "17-29, so the p99 was about the maximum); FIFO = one lane in submission order.",
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -135,3 +135,14 @@ def test_kvstore_benchmark_quick(tmp_path):
             "read_vs_raw_checked"} <= set(result)
     assert result["raw_read_checked_gbps"] > 0 and result["read_vs_raw_checked"] > 0
     assert result["cap_target_mbps"] == 100.0
+
+
+@pytest.mark.slow
+def test_relay_benchmark_quick(tmp_path):
+    """The keys other tools read; its baseline (a plain Send) ran in the same job, and each control
+    lane's p99 rests on enough pings to be a percentile rather than the maximum of a few."""
+    from dualjax.bench import relay
+    result = relay.main(["--quick", "--json", str(tmp_path / "relay.json")])
+    assert {"relay_vs_raw", "control_p99_ms_priority", "control_p99_ms_fifo", "raw_gbps"} <= set(result)
+    assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0
+    assert min(result["control_messages"]) >= 100, result["control_messages"]
