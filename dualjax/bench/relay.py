@@ -86,8 +86,7 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
             threading.Thread(target=pinger, daemon=True).start()
         for r in range(repeats):
             for i, kv in enumerate(layers):
-                while t.backlog() >= 2:  # a relay sends layers as they become ready, not all at once
-                    time.sleep(0.0001)
+                t.wait_backlog(2)  # a relay sends layers as they become ready, not all at once
                 t.send(0, LayerKV(r, i, 0, kv))
         done.set()
         t.send(0, Stop())
@@ -144,7 +143,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
                      "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
                      "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
-                     "keeps 2 layers queued, for about LATENCY_S "
+                     "keeps 2 layers queued (the sender blocks in wait_backlog, no polling), for about LATENCY_S "
                      "(a few hundred pings: until 2026-12-01 a ping every 2 ms over one throughput run's bytes gave "
                      "17-29, so the p99 was about the maximum); FIFO = one lane in submission order.",
         }

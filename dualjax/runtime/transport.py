@@ -132,6 +132,7 @@ class MpiTransport(Transport):
         self._ctrl: collections.deque = collections.deque()
         self._kv: collections.deque = collections.deque()
         self._lock = threading.Lock()
+        self._handed = threading.Condition(self._lock)  # a bulk message was fully handed to MPI
         self._inbox: queue.Queue = queue.Queue()
         self._assembly: dict[int, collections.deque] = {}  # source -> [header, buffer, receives left], in order
         self._recv_reqs: list = []  # outstanding data receives, and the assembly entry each completes
@@ -174,7 +175,19 @@ class MpiTransport(Transport):
     def backlog(self) -> int:
         """Bulk messages queued and not yet fully handed to MPI (the one being chunked counts)."""
         with self._lock:
-            return len(self._kv) + bool(self._active) + (0 if self.priority else len(self._ctrl))
+            return self._backlog()
+
+    def _backlog(self) -> int:
+        return len(self._kv) + bool(self._active) + (0 if self.priority else len(self._ctrl))
+
+    def wait_backlog(self, limit: int) -> None:
+        """Block (no polling) until fewer than `limit` bulk messages are queued: a sender that keeps
+        a few layers ahead of the link without spinning on `backlog()`."""
+        with self._lock:
+            while self._backlog() >= limit:
+                if self._error:
+                    raise self._error
+                self._handed.wait(0.1)
 
     def abort(self, text: str) -> None:
         self.comm.Abort(1)
@@ -260,6 +273,7 @@ class MpiTransport(Transport):
                 self._ctrl.clear()
             elif not self.priority and self._ctrl and not self._active:
                 ctrl = [self._ctrl.popleft()]
+                self._handed.notify_all()
             start = self._kv.popleft() if self.priority and self._kv and not self._active else None
         moved = bool(ctrl)
         for dst, msg in ctrl:
@@ -280,6 +294,9 @@ class MpiTransport(Transport):
             self._send_keep.append((keep, True))
             self._data_in_flight += 1
             moved = True
+            if not self._active:
+                with self._lock:
+                    self._handed.notify_all()
         return moved
 
     def _start_kv(self, dst: int, msg: LayerKV) -> None:
