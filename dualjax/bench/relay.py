@@ -77,18 +77,21 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
     comm.Barrier()
     t0, lat = time.perf_counter(), []
     if comm.rank == 1:
-        done = threading.Event()
+        done, pings = threading.Event(), None
         if ping_every:
             def pinger():
                 while not done.is_set():
                     t.send(0, Ping(time.monotonic()))
                     time.sleep(ping_every)
-            threading.Thread(target=pinger, daemon=True).start()
+            pings = threading.Thread(target=pinger, daemon=True)
+            pings.start()
         for r in range(repeats):
             for i, kv in enumerate(layers):
                 t.wait_backlog(2)  # a relay sends layers as they become ready, not all at once
                 t.send(0, LayerKV(r, i, 0, kv))
         done.set()
+        if pings is not None:
+            pings.join()  # no ping after Stop: the next run's receiver would take it
         t.send(0, Stop())
     else:
         got = 0
@@ -143,9 +146,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
                      "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
                      "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
-                     "keeps 2 layers queued (the sender blocks in wait_backlog, no polling), for about LATENCY_S "
-                     "(a few hundred pings: until 2026-12-01 a ping every 2 ms over one throughput run's bytes gave "
-                     "17-29, so the p99 was about the maximum); FIFO = one lane in submission order.",
+                     f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per lane "
+                     "(control_messages: pings received per lane); FIFO = one lane in submission order.",
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -133,6 +133,7 @@ class MpiTransport(Transport):
         self._kv: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._handed = threading.Condition(self._lock)  # a bulk message was fully handed to MPI
+        self._starting = False  # a bulk message is popped from its queue, not yet posted or chunked
         self._inbox: queue.Queue = queue.Queue()
         self._assembly: dict[int, collections.deque] = {}  # source -> [header, buffer, receives left], in order
         self._recv_reqs: list = []  # outstanding data receives, and the assembly entry each completes
@@ -172,17 +173,17 @@ class MpiTransport(Transport):
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
 
-    def backlog(self) -> int:
-        """Bulk messages queued and not yet fully handed to MPI (the one being chunked counts)."""
-        with self._lock:
-            return self._backlog()
-
     def _backlog(self) -> int:
-        return len(self._kv) + bool(self._active) + (0 if self.priority else len(self._ctrl))
+        """Bulk messages queued and not yet fully handed to MPI: the one being started or chunked
+        counts (the caller holds the lock)."""
+        return len(self._kv) + (bool(self._active) or self._starting) + (0 if self.priority else len(self._ctrl))
 
     def wait_backlog(self, limit: int) -> None:
-        """Block (no polling) until fewer than `limit` bulk messages are queued: a sender that keeps
-        a few layers ahead of the link without spinning on `backlog()`."""
+        """Block until fewer than `limit` bulk messages are queued, woken by the progress thread as
+        each is handed to MPI (and every 0.1 s, to surface its error): a sender that keeps a few
+        layers ahead of the link without polling."""
+        if limit < 1:
+            raise ValueError(f"wait_backlog: limit must be at least 1, got {limit}")
         with self._lock:
             while self._backlog() >= limit:
                 if self._error:
@@ -273,8 +274,9 @@ class MpiTransport(Transport):
                 self._ctrl.clear()
             elif not self.priority and self._ctrl and not self._active:
                 ctrl = [self._ctrl.popleft()]
-                self._handed.notify_all()
             start = self._kv.popleft() if self.priority and self._kv and not self._active else None
+            handed = start is not None or not self.priority and bool(ctrl)  # the backlog drops once posted
+            self._starting = handed
         moved = bool(ctrl)
         for dst, msg in ctrl:
             if isinstance(msg, LayerKV):  # FIFO lane: KV waits its turn like everything else
@@ -288,6 +290,10 @@ class MpiTransport(Transport):
             else:
                 self._post(dst, TAG_KV_HEAD, msg)  # bulk, in order with the KV
             moved = True
+        if handed:  # posted, or (KV) its pieces queued: the backlog counts it through `_active` now
+            with self._lock:
+                self._starting = False
+                self._handed.notify_all()
         while self._active and self._data_in_flight < self.window:
             dst, spec, keep = self._active.popleft()
             self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
