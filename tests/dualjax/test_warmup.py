@@ -5,11 +5,10 @@ import logging
 import time
 
 import jax
-import numpy as np
 
 import models
 from dualjax.core.config import COMPILE_CACHE_ENV, ClusterSpec, RunConfig, use_compile_cache
-from dualjax.runtime import launch
+from dualjax.runtime import launch, warmup
 from dualjax.runtime.launch import run_embedded
 from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
 
@@ -32,8 +31,8 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
     cfg = BASE.replace(out=str(tmp_path / "run"))
     clock = []  # when rank 0 starts the run's clock: every host has reported warm
 
-    def wait_warm(*args):
-        out = launch_wait_warm(*args)
+    def wait_warm(*args, **kw):
+        out = launch_wait_warm(*args, **kw)
         clock.append(time.time())
         return out
 
@@ -42,8 +41,10 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
     compiles, jax_log, was = _Compiles(), logging.getLogger("jax"), jax.config.jax_log_compiles
     jax_log.addHandler(compiles)
     jax.config.update("jax_log_compiles", True)  # globally: `with jax.log_compiles()` is one thread's
+    # start cold, as a fresh process would: earlier tests' programs would not be compiled (nor logged) again
+    jax.clear_caches()
+    monkeypatch.setattr(warmup, "_WARMED", set())
     try:
-        jax.jit(lambda x: x + 1)(np.zeros(3))  # a new program: the log is seen (the run's may be cached already)
         report = run_embedded(cfg, progress=False)
     finally:
         jax.config.update("jax_log_compiles", was)
