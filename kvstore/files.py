@@ -35,7 +35,7 @@ from kvstore.segments import (
     zarr_metadata,
 )
 
-log = logging.getLogger("kvstore.store")
+log = logging.getLogger("kvstore.store")  # the store's logger: one place to watch (and capture)
 
 
 def _sub(spec: dict, path: str, **resources) -> dict:
@@ -182,7 +182,7 @@ class SegmentFiles:
         index = os.path.join(self.root, "index", "")
         return [os.path.isfile(index + check_hash(h)) for h in hashes]
 
-    def entries(self, hashes: list[str]) -> dict[str, bytes | None]:
+    def raw_entries(self, hashes: list[str]) -> dict[str, bytes | None]:
         """Each block's raw entry (None: missing): the end of its index file on a local directory
         (as many bytes as an entry can take), else its index value, read concurrently."""
         if self.root is None:
@@ -212,5 +212,6 @@ class SegmentFiles:
         return self.root is not None and (out.size == 0 or out[0, 0].flags.c_contiguous)
 
     def close(self) -> None:
+        """Stop the writer and reader threads."""
         self._writer_pool.shutdown()
         self._reader_pool.shutdown()

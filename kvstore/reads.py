@@ -1,6 +1,7 @@
-"""Reading blocks: local segment files read with `preadv` straight into the caller's buffer and
-checked as they land (`pread_rows`), and one block read in flight, checked against its index
-entry's per-layer checksums (`BlockRead`)."""
+"""Reading blocks: `get` (`BlockStore.get`: a few large reads in flight, one `BlockRead` per block,
+checked against its index entry's per-layer checksums), a storage NIC's reads of one request
+(`RequestReads`), and local segment files read with `preadv` straight into the caller's buffer and
+checked as they land (`pread_rows`). Uses only the store's public methods."""
 
 from __future__ import annotations
 

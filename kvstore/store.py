@@ -131,7 +131,7 @@ class BlockStore:
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
 
-    READER_THREADS = SegmentFiles.READER_THREADS
+    READER_THREADS = SegmentFiles.READER_THREADS  # read-only here: the reader pool is SegmentFiles'
 
     def __init__(self, spec, layout: BlockLayout, capacity_bytes: int | None = None, sync: bool = False,
                  context: ts.Context | None = None):
@@ -380,7 +380,7 @@ class BlockStore:
         malformed, which is dropped); entries verified once are remembered."""
         with self._lock:
             known = [self._entries.get(h) for h in hashes]
-        raw = self.files.entries([h for h, e in zip(hashes, known) if e is None])
+        raw = self.files.raw_entries([h for h, e in zip(hashes, known) if e is None])
         return [e if e is not None else self._parse_entry(h, raw[h]) for h, e in zip(hashes, known)]
 
     # -- reading -------------------------------------------------------------------------------
@@ -428,13 +428,13 @@ class BlockStore:
     def get_prefix(self, hashes: list[str]) -> list[np.ndarray]:
         """The leading run of readable blocks: a bad block is a miss for it and every block after."""
         out = []
-        reads = self.get(hashes)
-        for read in reads:
+        pending = self.get(hashes)
+        for read in pending:
             block = read.result()
             if block is None:
                 break
             out.append(block)
-        for read in reads[len(out) + 1:]:
+        for read in pending[len(out) + 1:]:
             read.release()
         return out
 
