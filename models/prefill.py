@@ -121,17 +121,26 @@ class Layerwise:
     layer's KV while this one computes. Results equal `prefill` up to float rounding of fusion.
     """
 
+    # the programs of one pass, and how a prefix is checked: what another model family replaces
+    _embed, _layer, _head = staticmethod(_embed_jit), staticmethod(_layer_jit), staticmethod(_head_jit)
+
+    def _check_prefix(self, prefix_kv, lengths):
+        """Checked (prefix [1, B, S, *record], lengths [B]) of one layer; raises InputError."""
+        return check_prefix(prefix_kv, lengths, self.cfg, self.B, self.T, 1)
+
+    def _no_prefix(self, S: int):
+        """A zero prefix [1, B, S, *record] of one layer (checks the lengths alone)."""
+        return np.zeros((1, self.B, S, 2, self.cfg.n_kv_heads, self.cfg.head_dim), self.cfg.jnp_dtype)
+
     def __init__(self, params: Params, cfg: ModelConfig, tokens, prefix_len=None,
                  buckets: Buckets = DEFAULT_BUCKETS):
         tokens = check_tokens(tokens, cfg)
         self.params, self.cfg, self.B, self.T = params, cfg, *tokens.shape
         lengths = np.zeros(self.B, np.int32) if prefix_len is None else np.asarray(prefix_len, np.int32)
-        _, self.prefix_len = check_prefix(
-            np.zeros((1, self.B, int(lengths.max(initial=0)), 2, cfg.n_kv_heads, cfg.head_dim), cfg.jnp_dtype),
-            lengths, cfg, self.B, self.T, 1)
+        _, self.prefix_len = self._check_prefix(self._no_prefix(int(lengths.max(initial=0))), lengths)
         self.Tb, self.Sb = buckets.new(self.T), buckets.prefix(int(lengths.max(initial=0)))
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
-        self.x = _embed_jit(params, jnp.asarray(host_padded(tokens, 1, self.Tb)))
+        self.x = self._embed(params, jnp.asarray(host_padded(tokens, 1, self.Tb)))
         self.next_layer = 0
         # Device copies of the prefix KV of the last two layers: the one computing and the one
         # before it (still in flight). Older ones are dropped, so the device holds ~2 layers.
@@ -146,13 +155,13 @@ class Layerwise:
         unpadded length compiles nothing (the runtime's form: it cuts each row on the host)."""
         if layer != self.next_layer:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
-        check_prefix(prefix_kv[None], self.prefix_len, self.cfg, self.B, self.T, 1)
+        self._check_prefix(prefix_kv[None], self.prefix_len)
         # a copy: a host buffer the caller reuses (a PE buffer) must not change under a computation
         # still running; padded on the host, so no shape but the bucket's reaches the device
         prefix_kv = jnp.asarray(host_padded(prefix_kv, 1, self.Sb))
         self.held.append(prefix_kv)
-        self.x, kv = _layer_jit(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
-                                jnp.asarray(self.prefix_len))
+        self.x, kv = self._layer(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
+                                 jnp.asarray(self.prefix_len))
         self.next_layer += 1
         return kv
 
@@ -161,7 +170,7 @@ class Layerwise:
         if self.next_layer != self.cfg.n_layers:
             raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
         self.held.clear()
-        return _head_jit(self.params, self.cfg, self.x)[:, :self.T]
+        return self._head(self.params, self.cfg, self.x)[:, :self.T]
 
     def logits_at(self, index):
         """Logits [B, V] float32 of token index[b] of each row, after the last layer (no program per
@@ -169,7 +178,7 @@ class Layerwise:
         if self.next_layer != self.cfg.n_layers:
             raise InputError(f"Layerwise.logits_at() after {self.next_layer} of {self.cfg.n_layers} layers")
         self.held.clear()
-        return rows_at(_head_jit(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))
+        return rows_at(self._head(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))
 
 
 def compile_counts() -> dict[str, int]:
