@@ -172,6 +172,20 @@ class Layerwise:
         self.held.clear()
         return self._head(self.params, self.cfg, self.x)[:, :self.T]
 
+    def compile_rest(self) -> None:
+        """Compile the programs the rest of this pass runs, for a warm-up: its layers (one program per
+        distinct layer of parameters) over a prefix of this pass's bucket without running them (a
+        pass over a long prefix costs seconds to run), then the head and `logits_at`'s pick, which
+        run once. Leaves the pass where it was."""
+        prefix = jnp.asarray(np.zeros((self.B, self.Sb, *self.cfg.kv_record_shape), self.cfg.kv_dtype))
+        lengths, seen = jnp.asarray(self.prefix_len), set()
+        for lp in self.params["layers"][self.next_layer:]:
+            if (sig := _signature(lp)) not in seen:
+                seen.add(sig)
+                self._layer.lower(self.x, lp, self.positions, self.cfg, prefix, lengths).compile()
+        # the head and the pick run (once, cheap beside the layers): compiled for the very arrays they get
+        np.asarray(rows_at(self._head(self.params, self.cfg, self.x), jnp.asarray(np.zeros(self.B, np.int32))))
+
     def logits_at(self, index):
         """Logits [B, V] float32 of token index[b] of each row, after the last layer (no program per
         unpadded length)."""
@@ -179,6 +193,12 @@ class Layerwise:
             raise InputError(f"Layerwise.logits_at() after {self.next_layer} of {self.cfg.n_layers} layers")
         self.held.clear()
         return rows_at(self._head(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))
+
+
+def _signature(tree) -> tuple:
+    """What a jitted program depends on of a pytree of arrays: its structure, shapes, dtypes, shardings."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((a.shape, a.dtype, getattr(a, "sharding", None)) for a in leaves)
 
 
 def compile_counts() -> dict[str, int]:
