@@ -33,6 +33,3 @@ class DeepSeekLayerwise(Layerwise):
 
     def _check_prefix(self, prefix_kv, lengths):
         return deepseek.check_records(prefix_kv, lengths, self.cfg, self.B, self.T, 1)
-
-    def _no_prefix(self, S: int):
-        return deepseek.empty_kv(self.cfg, 1, self.B, S)

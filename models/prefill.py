@@ -128,9 +128,9 @@ class Layerwise:
         """Checked (prefix [1, B, S, *record], lengths [B]) of one layer; raises InputError."""
         return check_prefix(prefix_kv, lengths, self.cfg, self.B, self.T, 1)
 
-    def _no_prefix(self, S: int):
-        """A zero prefix [1, B, S, *record] of one layer (checks the lengths alone)."""
-        return np.zeros((1, self.B, S, 2, self.cfg.n_kv_heads, self.cfg.head_dim), self.cfg.jnp_dtype)
+    def _no_prefix(self, S: int) -> np.ndarray:
+        """A zero prefix [1, B, S, *record] of one layer, in the cache record's dtype."""
+        return np.zeros((1, self.B, S, *self.cfg.kv_record_shape), self.cfg.kv_dtype)
 
     def __init__(self, params: Params, cfg: ModelConfig, tokens, prefix_len=None,
                  buckets: Buckets = DEFAULT_BUCKETS):
@@ -165,19 +165,23 @@ class Layerwise:
         self.next_layer += 1
         return kv
 
+    def _head_after_last(self, what: str):
+        """The head over the last layer's output [B, Tb, V]; raises InputError before it."""
+        if self.next_layer != self.cfg.n_layers:
+            raise InputError(f"Layerwise.{what}() after {self.next_layer} of {self.cfg.n_layers} layers")
+        self.held.clear()
+        return self._head(self.params, self.cfg, self.x)
+
     def logits(self):
         """Logits [B, T, V] float32 after the last layer."""
-        if self.next_layer != self.cfg.n_layers:
-            raise InputError(f"Layerwise.logits() after {self.next_layer} of {self.cfg.n_layers} layers")
-        self.held.clear()
-        return self._head(self.params, self.cfg, self.x)[:, :self.T]
+        return self._head_after_last("logits")[:, :self.T]
 
     def compile_rest(self) -> None:
         """Compile the programs the rest of this pass runs, for a warm-up: its layers (one program per
         distinct layer of parameters) over a prefix of this pass's bucket without running them (a
         pass over a long prefix costs seconds to run), then the head and `logits_at`'s pick, which
         run once. Leaves the pass where it was."""
-        prefix = jnp.asarray(np.zeros((self.B, self.Sb, *self.cfg.kv_record_shape), self.cfg.kv_dtype))
+        prefix = jnp.asarray(self._no_prefix(self.Sb)[0])
         lengths, seen = jnp.asarray(self.prefix_len), set()
         for lp in self.params["layers"][self.next_layer:]:
             if (sig := _signature(lp)) not in seen:
@@ -189,10 +193,7 @@ class Layerwise:
     def logits_at(self, index):
         """Logits [B, V] float32 of token index[b] of each row, after the last layer (no program per
         unpadded length)."""
-        if self.next_layer != self.cfg.n_layers:
-            raise InputError(f"Layerwise.logits_at() after {self.next_layer} of {self.cfg.n_layers} layers")
-        self.held.clear()
-        return rows_at(self._head(self.params, self.cfg, self.x), jnp.asarray(index, jnp.int32))
+        return rows_at(self._head_after_last("logits_at"), jnp.asarray(index, jnp.int32))
 
 
 def _signature(tree) -> tuple:

@@ -5,10 +5,10 @@ A prefill pass compiles one program per (rows, padded new tokens, padded prefix)
 each turn hits every full block of the context before it (the common case) and is cut into
 `prefill_chunk` pieces, as the prefill host computes them; `warm_shapes` adds the passes that batch
 2 to `MAX_WARM_ROWS` rows (a pass's shape is its longest new and its longest prefix, which may come
-from different rows, so every pairing); `warm_prefill` runs one layerwise pass of each, with zeros,
-so the first real request finds them compiled. A pass of more rows compiles when it first occurs.
-Rank 0 starts the clock once every host said it is warm (`Warm`), and `report.json` states the
-start-up time apart (`startup`), under mpiexec as embedded.
+from different rows, so every pairing); `warm_prefill` compiles the layerwise pass of each
+(`Layerwise.compile_rest`), so the first real request finds them compiled. A pass of more rows
+compiles when it first occurs. Rank 0 starts the clock once every host said it is warm (`Warm`),
+and `report.json` states the start-up time apart (`startup`), under mpiexec as embedded.
 """
 
 from __future__ import annotations
