@@ -1,5 +1,7 @@
-"""Shared fixtures: a 4-device CPU platform (set before JAX starts), full float32 matmuls, and tiny
-params built once."""
+"""Shared fixtures: a 4-device CPU platform (set before JAX starts), full float32 matmuls, tiny
+params built once, and JAX's compile log."""
+
+import logging
 
 import jax
 
@@ -22,3 +24,23 @@ def tiny():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def compile_log():
+    """Every JAX compilation while the test runs, in any thread, as (time, "Compiling jit(name)")."""
+    seen: list[tuple[float, str]] = []
+    handler = logging.Handler()
+
+    def emit(record):
+        if record.getMessage().startswith("Compiling "):
+            seen.append((record.created, record.getMessage().split(" with ")[0]))
+    handler.emit = emit
+    log, was = logging.getLogger("jax"), jax.config.jax_log_compiles
+    log.addHandler(handler)
+    jax.config.update("jax_log_compiles", True)  # globally: `with jax.log_compiles()` is one thread's
+    try:
+        yield seen
+    finally:
+        jax.config.update("jax_log_compiles", was)
+        log.removeHandler(handler)

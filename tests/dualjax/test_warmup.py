@@ -1,7 +1,6 @@
 """Warm start: the shapes a host compiles before the clock are the shapes the run then computes,
 and the report states start-up apart from the run."""
 
-import logging
 import time
 
 import jax
@@ -15,19 +14,7 @@ from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3, policy="pe-only")
 
 
-class _Compiles(logging.Handler):
-    """JAX's compile log (`jax_log_compiles`): when each program was compiled, and which."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[tuple[float, str]] = []
-
-    def emit(self, record):
-        if record.getMessage().startswith("Compiling "):
-            self.seen.append((record.created, record.getMessage().split(" with ")[0]))
-
-
-def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
+def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch, compile_log):
     cfg = BASE.replace(out=str(tmp_path / "run"))
     clock = []  # when rank 0 starts the run's clock: every host has reported warm
 
@@ -38,20 +25,13 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch):
 
     launch_wait_warm = launch.wait_warm
     monkeypatch.setattr(launch, "wait_warm", wait_warm)
-    compiles, jax_log, was = _Compiles(), logging.getLogger("jax"), jax.config.jax_log_compiles
-    jax_log.addHandler(compiles)
-    jax.config.update("jax_log_compiles", True)  # globally: `with jax.log_compiles()` is one thread's
     # start cold, as a fresh process would: earlier tests' programs would not be compiled (nor logged) again
     jax.clear_caches()
     monkeypatch.setattr(warmup, "_WARMED", set())
-    try:
-        report = run_embedded(cfg, progress=False)
-    finally:
-        jax.config.update("jax_log_compiles", was)
-        jax_log.removeHandler(compiles)
+    report = run_embedded(cfg, progress=False)
     # nothing compiles on the clock: not a pass, not a decode insert at a new length, not sampling
-    assert clock and compiles.seen
-    late = [name for t, name in compiles.seen if t > clock[0]]
+    assert clock and compile_log
+    late = [name for t, name in compile_log if t > clock[0]]
     assert late == [], late
     warmed = set(warm_shapes(cfg, models.get_config(cfg.model), cfg.block_tokens))
     pe = next(h for h in report["hosts"] if h["role"] == "prefill")
