@@ -40,9 +40,10 @@ def padded_kv(kv, length: int, padded: int, dtype) -> jax.Array:
     """kv [L, S, ...]'s first `length` positions as a new array of `dtype` zero-padded to `padded`
     positions: a copy, since JAX may alias a NumPy buffer that the caller reuses (a DE buffer). Host
     KV is padded on the host, which compiles nothing; an eager pad would compile a program for
-    every new length (~0.2 s each on CPU for `small`: every agent turn has one)."""
+    every new length (~0.2 s each on CPU for `small`: every agent turn has one). That copy is the
+    only one: `jax.device_put` aliases it on the CPU."""
     if isinstance(kv, np.ndarray):
-        return jnp.asarray(host_padded(kv[:, :length].astype(dtype, copy=False), 1, padded))
+        return jax.device_put(host_padded(kv[:, :length].astype(dtype, copy=False), 1, padded))
     kv = jnp.array(kv[:, :length], dtype)
     return jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * (kv.ndim - 2))
 

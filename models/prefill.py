@@ -19,6 +19,8 @@ from models.config import ModelConfig
 from models.model import embed, forward_jit, forward_layer, head
 from models.params import Params
 
+HOST_ALIGN = 64  # bytes: XLA's CPU client aliases a host array aligned to this instead of copying it
+
 
 class InputError(ValueError):
     """Bad input to a model function: the message says which argument and what was expected."""
@@ -62,13 +64,20 @@ def check_prefix_len(prefix_len, batch: int, S: int, new: int, cfg) -> np.ndarra
 
 
 def host_padded(a, axis: int, size: int) -> np.ndarray:
-    """`a` copied into a new host array zero-padded (or cut) along `axis` to `size`. Padding on the
-    host compiles nothing, where an eager `jnp.pad` or slice compiles a program for every new
-    unpadded length (0.2-0.5 s a pass on CPU for `small`: every agent turn has a new length)."""
+    """`a` copied into a new host array zero-padded (or cut) along `axis` to `size`, aligned to
+    `HOST_ALIGN` bytes so that `jax.device_put` takes it as it is on the CPU (XLA's CPU client
+    aliases an aligned host array; an unaligned one it copies again) and transfers it elsewhere.
+    Padding on the host compiles nothing, where an eager `jnp.pad` or slice compiles a program
+    for every new unpadded length (0.2-0.5 s a pass on CPU for `small`: every agent turn has a
+    new length)."""
     a = np.asarray(a)
-    out = np.zeros((*a.shape[:axis], size, *a.shape[axis + 1:]), a.dtype)
+    shape = (*a.shape[:axis], size, *a.shape[axis + 1:])
+    owner = np.empty(int(np.prod(shape)) * a.dtype.itemsize + HOST_ALIGN, np.uint8)
+    start = -owner.ctypes.data % HOST_ALIGN
+    out = owner[start:start + owner.size - HOST_ALIGN].view(a.dtype).reshape(shape)
     n = min(a.shape[axis], size)
     out[(slice(None),) * axis + (slice(0, n),)] = a[(slice(None),) * axis + (slice(0, n),)]
+    out[(slice(None),) * axis + (slice(n, None),)] = 0
     return out
 
 
@@ -140,7 +149,7 @@ class Layerwise:
         _, self.prefix_len = self._check_prefix(self._no_prefix(int(lengths.max(initial=0))), lengths)
         self.Tb, self.Sb = buckets.new(self.T), buckets.prefix(int(lengths.max(initial=0)))
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
-        self.x = self._embed(params, jnp.asarray(host_padded(tokens, 1, self.Tb)))
+        self.x = self._embed(params, jax.device_put(host_padded(tokens, 1, self.Tb)))
         self.next_layer = 0
         # Device copies of the prefix KV of the last two layers: the one computing and the one
         # before it (still in flight). Older ones are dropped, so the device holds ~2 layers.
@@ -157,8 +166,9 @@ class Layerwise:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         self._check_prefix(prefix_kv[None], self.prefix_len)
         # a copy: a host buffer the caller reuses (a PE buffer) must not change under a computation
-        # still running; padded on the host, so no shape but the bucket's reaches the device
-        prefix_kv = jnp.asarray(host_padded(prefix_kv, 1, self.Sb))
+        # still running; padded on the host, so no shape but the bucket's reaches the device. The
+        # one copy: device_put aliases it on the CPU (jnp.asarray would copy it again)
+        prefix_kv = jax.device_put(host_padded(prefix_kv, 1, self.Sb))
         self.held.append(prefix_kv)
         self.x, kv = self._layer(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                  jnp.asarray(self.prefix_len))

@@ -7,6 +7,7 @@ import pytest
 
 import models
 from models.model import decode_step_jit
+from models.prefill import HOST_ALIGN, host_padded
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -127,6 +128,27 @@ def test_layerwise_equals_fused(tiny, rng):
     kvs = [lw.layer(layer, prefix[layer]) for layer in range(cfg.n_layers)]
     np.testing.assert_allclose(np.asarray(lw.logits()), np.asarray(fused_logits), **TOL)
     np.testing.assert_allclose(np.asarray(jnp.stack(kvs)), np.asarray(fused_kv), **TOL)
+
+
+def test_layerwise_copies_each_prefix_so_the_caller_may_reuse_its_buffer(tiny, rng):
+    """A layer's prefix KV is copied once, aligned, before it goes to the device: the caller (a PE
+    buffer) may overwrite its buffer as soon as the call returns, even where the device would
+    alias an aligned host array (the CPU), and even when the prefix needs no padding."""
+    cfg, params = tiny
+    S = models.buckets.DEFAULT_BUCKETS.prefix(1)  # a prefix of exactly one bucket: nothing to pad
+    tokens = rng.integers(0, cfg.vocab, (1, S + 20))
+    _, prefix = models.prefill(params, cfg, tokens[:, :S])
+    want_logits, want_kv = models.prefill(params, cfg, tokens[:, S:], prefix)
+    buf = host_padded(np.asarray(prefix[0]), 1, S)  # aligned, as a PE buffer is: the CPU would alias it
+    assert buf.ctypes.data % HOST_ALIGN == 0
+    lw, kvs = models.Layerwise(params, cfg, tokens[:, S:], prefix_len=[S]), []
+    for layer in range(cfg.n_layers):
+        buf[...] = prefix[layer]
+        kvs.append(lw.layer(layer, buf))
+        buf[...] = np.nan  # the caller's next use of its buffer
+        assert not np.isnan(np.asarray(lw.held[-1])).any(), "the device array aliases the caller's buffer"
+    np.testing.assert_allclose(np.asarray(lw.logits()), np.asarray(want_logits), **TOL)
+    np.testing.assert_allclose(np.asarray(jnp.stack(kvs)), np.asarray(want_kv), **TOL)
 
 
 def test_layerwise_compile_rest_leaves_the_pass_nothing_to_compile(tiny, rng, compile_log):
