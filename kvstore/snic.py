@@ -84,6 +84,7 @@ class StorageNIC:
         self._link_free = 0.0  # when the emulated link has delivered everything issued so far
         self._pending: collections.deque[ReadTicket | None] = collections.deque()
         self._cond = threading.Condition()
+        self._closed = False
         self._q_bytes = self._q_tokens = 0
         self._busy_since: float | None = None
         self.busy_s = 0.0
@@ -102,6 +103,8 @@ class StorageNIC:
         tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
         ticket = ReadTicket(store, hashes, out, layer_major, tokens)
         with self._cond:
+            if self._closed:  # its thread is gone: the read would wait forever
+                raise RuntimeError(f"storage NIC {self.name} is closed")
             if self._busy_since is None:
                 self._busy_since = self.clock()
             self._q_bytes += len(hashes) * store.layout.block_bytes
@@ -200,7 +203,11 @@ class StorageNIC:
                     "elapsed_s": self.clock() - self._t0, **self.counters}
 
     def close(self) -> None:
+        """Serve what is queued, then stop; a later `read` raises RuntimeError."""
         with self._cond:
+            if self._closed:
+                return
+            self._closed = True
             self._pending.append(None)
             self._cond.notify()
         self._thread.join()

@@ -74,5 +74,8 @@ def test_missing_block_ends_the_run(filled, layer_major):
     ticket = nic.read(store, [ids[0].hash, ids[1].hash, absent, ids[3].hash], layer_major=layer_major)
     assert ticket.wait() == 2 and nic.read_queue() == (0, 0)
     nic.close()
+    with pytest.raises(RuntimeError, match="h2 is closed"):  # not a read that waits forever
+        nic.read(store, [ids[0].hash])
+    nic.close()  # closing twice is harmless
     with pytest.raises(ValueError, match="positive"):
         kv.StorageNIC("bad", cap_bytes_per_s=0)
