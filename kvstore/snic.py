@@ -76,7 +76,7 @@ class StorageNIC:
     `read_queue()` is (bytes, tokens) not yet read, counted from submission to completion."""
 
     def __init__(self, name: str, cap_bytes_per_s: float | None = None, window: int = 8,
-                 batch_bytes: int = 4 << 20, clock=time.monotonic):
+                 batch_bytes: int = 16 << 20, clock=time.monotonic):
         if cap_bytes_per_s is not None and cap_bytes_per_s <= 0:
             raise ValueError(f"storage NIC {name}: cap must be positive bytes/s, got {cap_bytes_per_s}")
         self.name, self.cap, self.window, self.batch_bytes = name, cap_bytes_per_s, window, batch_bytes
