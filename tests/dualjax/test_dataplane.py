@@ -146,3 +146,18 @@ def test_relay_benchmark_quick(tmp_path):
     assert {"relay_vs_raw", "control_p99_ms_priority", "control_p99_ms_fifo", "raw_gbps"} <= set(result)
     assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0
     assert min(result["control_messages"]) >= 100, result["control_messages"]
+
+
+def test_layerwise_benchmark_measures_interleaved_trials_within_its_budget(tmp_path, monkeypatch):
+    """`bench layerwise`'s measurement on the tiny model: the keys other tools read, ratios taken
+    within trials, and a spent budget stops the trials after two."""
+    from dualjax.bench import layerwise
+    monkeypatch.chdir(tmp_path)  # its store's temp directory goes under the working directory
+    cfg = models.get_config("tiny")
+    result = layerwise.measure(cfg, hit_tokens=256, miss=32, trials=5, budget_s=0)
+    assert result["trials"] == 2
+    assert {"overlap_efficiency", "overlap_efficiency_of_medians", "overlap_ideal", "peak_kv_layers",
+            "layerwise_vs_basic"} <= set(result)
+    assert result["overlap_ideal"] == cfg.n_layers / (cfg.n_layers + 1)
+    assert 0 < result["overlap_efficiency"] and 0 < result["peak_kv_layers"] <= 2.5
+    assert result["load_s"] > 0 and result["compute_s"] > 0
