@@ -11,7 +11,7 @@
     dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
     dualjax calibrate                           measure this machine into the simulator's `local` profile
-    dualjax bench {model,kvstore,relay,layerwise,e2e} [--json FILE]
+    dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
 
 Bad input (flags, presets, files, stores) ends with one line naming what was wrong and exit code 2;
 anything else is a bug and shows its traceback.
