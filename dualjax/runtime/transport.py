@@ -115,7 +115,7 @@ DEFAULT_CHUNK_BYTES = 2 << 20
 DEFAULT_WINDOW = 2
 BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI copies inside its calls)
 WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
-IDLE_MAX_S = 0.001  # longest pause between probes for incoming messages when nothing is in flight
+IDLE_MAX_S = 0.005  # longest pause between probes for incoming messages when nothing is in flight
 
 
 class MpiTransport(Transport):
