@@ -3,7 +3,9 @@
     dualjax bench kvstore --json FILE [--dir DIR] [--quick]
 
 Reads: Full Blocks fetched in random order through one `BlockStore.get` (and layer-major, one
-`get` per layer), every Layer Block checksum-verified, versus a plain read of one file with the
+`get` per layer; and layer-major as a layerwise prefill reads them, a request's blocks in order
+through an uncapped `StorageNIC` into the runtime's layer-major buffer), every Layer Block
+checksum-verified, versus a plain read of one file with the
 same bytes by `preadv` into a reused buffer with as many threads as the store reads with (and, for
 comparison, `numpy.fromfile`, and with XXH3 over each Layer Block as it lands: the checksum's own
 cost); both from the page cache after a warm-up, and both cold (their files
@@ -31,6 +33,7 @@ import tensorstore as ts
 import kvstore as kv
 import models
 from dualjax.bench.common import emit, parser, raw_parallel_read
+from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
 log = logging.getLogger("dualjax.bench.kvstore")
@@ -74,6 +77,16 @@ def _store_read(store, hashes, rng, out, layer_major: bool = False) -> tuple[flo
     return dt
 
 
+def _nic_read(nic: kv.StorageNIC, store, hashes, rkv: RequestKV) -> tuple[float, float]:
+    """A request's blocks in order, layer-major, through an uncapped `StorageNIC` into the runtime's
+    layer-major buffer: the read a layerwise prefill makes."""
+    t0 = _now()
+    got = nic.read(store, hashes, out=rkv.blocks, layer_major=True).wait()
+    dt = _since(t0)
+    assert got == len(hashes)
+    return dt
+
+
 def _raw_read(path, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> tuple[float, float]:
     """The same bytes from one file into a reused buffer at the store's own parallelism, timed
     (with `checksum_bytes`, XXH3 over each Layer Block as it lands: the checksum's own cost)."""
@@ -113,15 +126,18 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
         out = np.empty_like(blocks)  # the host buffer reads land in, allocated once as the runtime's are
         raw_buf = np.empty_like(blocks)  # the raw read's reused buffer, as `out` is the store's
         threads = kv.BlockStore.READER_THREADS
+        rkv, nic = RequestKV(layout, n * layout.block_tokens), kv.StorageNIC("bench")
         _store_read(store, hashes, rng, out), _store_read(store, hashes, rng, out, True)  # warm-up
-        _raw_read(raw, raw_buf, threads), _raw_fromfile(raw)
-        s, lm, r, f, rc = [], [], [], [], []
+        _raw_read(raw, raw_buf, threads), _raw_fromfile(raw), _nic_read(nic, store, hashes, rkv)
+        s, lm, r, f, rc, ln = [], [], [], [], [], []
         for _ in range(trials):
             s.append(_store_read(store, hashes, rng, out))
             r.append(_raw_read(raw, raw_buf, threads))
             rc.append(_raw_read(raw, raw_buf, threads, layout.layer_bytes))
             lm.append(_store_read(store, hashes, rng, out, layer_major=True))
+            ln.append(_nic_read(nic, store, hashes, rkv))
             f.append(_raw_fromfile(raw))
+        nic.close()
         store_dir = os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")
         cold, raw_cold = [], []
         for _ in range(trials):
@@ -131,11 +147,13 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
             raw_cold.append(_raw_read(raw, raw_buf, threads))
     nbytes = n * layout.block_bytes
     read_cold, raw_read_cold = (_gbps(nbytes, statistics.median(w for w, _ in x)) for x in (cold, raw_cold))
-    read, raw_read, layer, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x)) for x in (s, r, lm, f))
+    read, raw_read, layer, layer_nic, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x))
+                                                  for x in (s, r, lm, ln, f))
     checked = _gbps(nbytes, statistics.median(w for w, _ in rc))
     cpu, raw_cpu, layer_cpu, checked_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm, rc))
     return {"block_bytes": layout.block_bytes, "blocks": n, "read_gbps": read, "raw_read_gbps": raw_read,
             "read_vs_raw": read / raw_read, "read_layer_major_gbps": layer, "read_layer_major_vs_raw": layer / raw_read,
+            "read_layer_major_nic_gbps": layer_nic, "read_layer_major_nic_vs_raw": layer_nic / raw_read,
             "read_cpu_vs_raw": raw_cpu / cpu, "read_layer_major_cpu_vs_raw": raw_cpu / layer_cpu,
             "raw_read_checked_gbps": checked, "raw_checked_vs_raw": checked / raw_read,
             "raw_checked_cpu_vs_raw": raw_cpu / checked_cpu, "read_vs_raw_checked": read / checked,
@@ -270,7 +288,9 @@ def main(argv=None) -> dict:
         "Same disk, same run, page cache warm (read_cold_*: every file of both sides dropped from the page cache "
         "with posix_fadvise(DONTNEED) before each read, so both read the disk); medians of interleaved trials. "
         "Store reads: one get per request "
-        "(read_*) or per layer (read_layer_major_*), preads of each segment's consecutive blocks on reader threads "
+        "(read_*) or per layer (read_layer_major_*), or layer-major through an uncapped StorageNIC as a layerwise "
+        "prefill reads (read_layer_major_nic_*: one RequestReads per request, one outcome per batch, not a "
+        "BlockRead per block and layer); preads of each segment's consecutive blocks on reader threads "
         "straight into a preallocated host buffer as the runtime's PE/DE buffers, checked as they land: every Layer "
         "Block's XXH3 checksum and every index entry (its XXH3 and the hash of parent and tokens) verified; "
         "raw: the same bytes from one file, preadv by as many threads as the store's readers into a reused buffer "

@@ -132,7 +132,7 @@ def test_kvstore_benchmark_quick(tmp_path):
     from dualjax.bench import kvstore
     result = kvstore.main(["--quick", "--dir", str(tmp_path), "--json", str(tmp_path / "kv.json")])
     assert {"read_vs_raw", "write_vs_raw", "cap_measured_mbps", "cap_target_mbps", "raw_checked_vs_raw",
-            "read_vs_raw_checked"} <= set(result)
+            "read_vs_raw_checked", "read_layer_major_nic_vs_raw"} <= set(result)
     assert result["raw_read_checked_gbps"] > 0 and result["read_vs_raw_checked"] > 0
     assert result["cap_target_mbps"] == 100.0
 
