@@ -43,7 +43,7 @@ def padded_kv(kv, length: int, padded: int, dtype) -> jax.Array:
     every new length (~0.2 s each on CPU for `small`: every agent turn has one). That copy is the
     only one: `jax.device_put` aliases it on the CPU."""
     if isinstance(kv, np.ndarray):
-        return jax.device_put(host_padded(kv[:, :length].astype(dtype, copy=False), 1, padded))
+        return jax.device_put(host_padded(kv[:, :length], 1, padded, dtype))
     kv = jnp.array(kv[:, :length], dtype)
     return jnp.pad(kv, [(0, 0), (0, padded - length)] + [(0, 0)] * (kv.ndim - 2))
 

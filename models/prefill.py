@@ -63,18 +63,19 @@ def check_prefix_len(prefix_len, batch: int, S: int, new: int, cfg) -> np.ndarra
     return lengths
 
 
-def host_padded(a, axis: int, size: int) -> np.ndarray:
-    """`a` copied into a new host array zero-padded (or cut) along `axis` to `size`, aligned to
-    `HOST_ALIGN` bytes so that `jax.device_put` takes it as it is on the CPU (XLA's CPU client
-    aliases an aligned host array; an unaligned one it copies again) and transfers it elsewhere.
-    Padding on the host compiles nothing, where an eager `jnp.pad` or slice compiles a program
-    for every new unpadded length (0.2-0.5 s a pass on CPU for `small`: every agent turn has a
-    new length)."""
+def host_padded(a, axis: int, size: int, dtype=None) -> np.ndarray:
+    """`a` copied (as `dtype`, default its own) into a new host array zero-padded (or cut) along
+    `axis` to `size`, aligned to `HOST_ALIGN` bytes so that `jax.device_put` takes it as it is on
+    the CPU (XLA's CPU client aliases an aligned host array; an unaligned one it copies again) and
+    transfers it elsewhere. Padding on the host compiles nothing, where an eager `jnp.pad` or
+    slice compiles a program for every new unpadded length (0.2-0.5 s a pass on CPU for `small`:
+    every agent turn has a new length)."""
     a = np.asarray(a)
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
     shape = (*a.shape[:axis], size, *a.shape[axis + 1:])
-    owner = np.empty(int(np.prod(shape)) * a.dtype.itemsize + HOST_ALIGN, np.uint8)
+    owner = np.empty(int(np.prod(shape)) * dtype.itemsize + HOST_ALIGN, np.uint8)
     start = -owner.ctypes.data % HOST_ALIGN
-    out = owner[start:start + owner.size - HOST_ALIGN].view(a.dtype).reshape(shape)
+    out = owner[start:start + owner.size - HOST_ALIGN].view(dtype).reshape(shape)
     n = min(a.shape[axis], size)
     out[(slice(None),) * axis + (slice(0, n),)] = a[(slice(None),) * axis + (slice(0, n),)]
     out[(slice(None),) * axis + (slice(n, None),)] = 0
