@@ -109,8 +109,7 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
         while len(runs) < trials and (len(runs) < 2 or time.perf_counter() < t_end):
             runs.append({name: _timed(fn) for name, fn in (("compute", compute), ("load", load),
                                                            ("layerwise", layerwise), ("basic", basic))})
-            log.info("  trial %d: overlap %.3f", len(runs), max(runs[-1]["load"], runs[-1]["compute"])
-                     / runs[-1]["layerwise"])
+            log.info("  trial %d: overlap %.3f", len(runs), _overlap(runs[-1]))
         track: list[int] = []
         layerwise(track)  # device memory tracked in a run of its own: scanning live arrays costs time
         nic.close()
@@ -120,8 +119,8 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
     return {"layers": cfg.n_layers, "hit_tokens": hit_tokens, "miss_tokens": miss, "cap_mbps": cap / 1e6,
             "load_s": med["load"], "compute_s": med["compute"], "layerwise_s": med["layerwise"],
             "basic_s": med["basic"], "trials": len(runs),
-            "overlap_efficiency": statistics.median(max(r["load"], r["compute"]) / r["layerwise"] for r in runs),
-            "overlap_efficiency_of_medians": max(med["load"], med["compute"]) / med["layerwise"],
+            "overlap_efficiency": statistics.median(_overlap(r) for r in runs),
+            "overlap_efficiency_of_medians": _overlap(med),
             "layerwise_vs_basic": statistics.median(r["basic"] / r["layerwise"] for r in runs),
             "overlap_ideal": cfg.n_layers / (cfg.n_layers + 1),
             "peak_kv_layers": max(track) / padded_layer}
@@ -148,6 +147,11 @@ def main(argv=None) -> dict:
     result["wall_s"] = time.perf_counter() - t_start
     emit(result, args.json)
     return result
+
+
+def _overlap(times: dict) -> float:
+    """max(load, compute) / layerwise: how much of the shorter one the layerwise pass hid."""
+    return max(times["load"], times["compute"]) / times["layerwise"]
 
 
 def _timed(fn) -> float:

@@ -149,11 +149,12 @@ def test_relay_benchmark_quick(tmp_path):
 
 
 def test_layerwise_benchmark_measures_interleaved_trials_within_its_budget(tmp_path, monkeypatch):
-    """`bench layerwise`'s measurement on the tiny model: the keys other tools read, ratios taken
-    within trials, and a spent budget stops the trials after two."""
+    """`bench layerwise`'s measurement on a 4-layer tiny model: the keys other tools read, at most
+    2.5 layers of prefix KV on the device at once (a pass holding every layer has 4), and a spent
+    budget stops the trials after two."""
     from dualjax.bench import layerwise
     monkeypatch.chdir(tmp_path)  # its store's temp directory goes under the working directory
-    cfg = models.get_config("tiny")
+    cfg = models.get_config("tiny").replace(n_layers=4)
     result = layerwise.measure(cfg, hit_tokens=256, miss=32, trials=5, budget_s=0)
     assert result["trials"] == 2
     assert {"overlap_efficiency", "overlap_efficiency_of_medians", "overlap_ideal", "peak_kv_layers",
