@@ -150,10 +150,11 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
     read, raw_read, layer, layer_nic, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x))
                                                   for x in (s, r, lm, ln, f))
     checked = _gbps(nbytes, statistics.median(w for w, _ in rc))
-    cpu, raw_cpu, layer_cpu, checked_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm, rc))
+    cpu, raw_cpu, layer_cpu, nic_cpu, checked_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm, ln, rc))
     return {"block_bytes": layout.block_bytes, "blocks": n, "read_gbps": read, "raw_read_gbps": raw_read,
             "read_vs_raw": read / raw_read, "read_layer_major_gbps": layer, "read_layer_major_vs_raw": layer / raw_read,
             "read_layer_major_nic_gbps": layer_nic, "read_layer_major_nic_vs_raw": layer_nic / raw_read,
+            "read_layer_major_nic_cpu_vs_raw": raw_cpu / nic_cpu,
             "read_cpu_vs_raw": raw_cpu / cpu, "read_layer_major_cpu_vs_raw": raw_cpu / layer_cpu,
             "raw_read_checked_gbps": checked, "raw_checked_vs_raw": checked / raw_read,
             "raw_checked_cpu_vs_raw": raw_cpu / checked_cpu, "read_vs_raw_checked": read / checked,
