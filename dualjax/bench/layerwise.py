@@ -8,12 +8,13 @@ one run, on one store on disk:
 * compute-only: the layerwise prefill with every layer's KV already in the buffer;
 * layerwise: both at once, layer l computed as soon as layer l of every block has arrived;
 * basic (for reference): load everything, then compute.
-Trials interleave the four (each trial runs them back to back), so load from other jobs hits them
-alike; overlap_efficiency = the median over trials of max(load, compute) / layerwise wall within a
-trial (overlap_efficiency_of_medians: the same of the medians). The cap is set from the compute
-time measured first, so that load and compute take about as long (the hardest case for overlap);
-it emulates one host's storage NIC. peak_kv_layers = most prefix-KV bytes alive on the device at
-once (from `jax.live_arrays()`), in layers of this request.
+Trials interleave the four (each trial runs them back to back, in an order that rotates from
+trial to trial), so load from other jobs hits them alike; overlap_efficiency = the median over
+trials of max(load, compute) / layerwise wall within a trial (overlap_efficiency_of_medians: the
+same of the medians). The cap is set from the compute time measured first, so that load and
+compute take about as long (the hardest case for overlap); it emulates one host's storage NIC.
+peak_kv_layers = most prefix-KV bytes alive on the device at once (from `jax.live_arrays()`),
+in layers of this request.
 """
 
 from __future__ import annotations
@@ -104,11 +105,12 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
             return compute()
 
         # interleaved: a trial runs each back to back, so a machine that slows down or speeds up
-        # (other jobs) moves all four alike; ratios are taken within a trial
-        runs: list[dict] = []
+        # (other jobs) moves all four alike; ratios are taken within a trial. The order rotates
+        # from trial to trial, so none always runs right after another
+        steps, runs = [("compute", compute), ("load", load), ("layerwise", layerwise), ("basic", basic)], []
         while len(runs) < trials and (len(runs) < 2 or time.perf_counter() < t_end):
-            runs.append({name: _timed(fn) for name, fn in (("compute", compute), ("load", load),
-                                                           ("layerwise", layerwise), ("basic", basic))})
+            k = len(runs) % len(steps)
+            runs.append({name: _timed(fn) for name, fn in steps[k:] + steps[:k]})
             log.info("  trial %d: overlap %.3f", len(runs), _overlap(runs[-1]))
         track: list[int] = []
         layerwise(track)  # device memory tracked in a run of its own: scanning live arrays costs time
