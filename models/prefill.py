@@ -152,6 +152,7 @@ class Layerwise:
         self.positions = jnp.asarray(self.prefix_len[:, None] + np.arange(self.Tb)[None, :])
         self.x = self._embed(params, jax.device_put(host_padded(tokens, 1, self.Tb)))
         self.next_layer = 0
+        self._handed: np.ndarray | None = None  # the last `prefix_buffer`, until a layer takes it
         # Device copies of the prefix KV of the last two layers: the one computing and the one
         # before it (still in flight). Older ones are dropped, so the device holds ~2 layers.
         self.held: collections.deque = collections.deque(maxlen=2)
@@ -166,15 +167,26 @@ class Layerwise:
         if layer != self.next_layer:
             raise InputError(f"Layerwise expects layer {self.next_layer} next, got {layer}")
         self._check_prefix(prefix_kv[None], self.prefix_len)
-        # a copy: a host buffer the caller reuses (a PE buffer) must not change under a computation
-        # still running; padded on the host, so no shape but the bucket's reaches the device. The
-        # one copy: device_put aliases it on the CPU (jnp.asarray would copy it again)
-        prefix_kv = jax.device_put(host_padded(prefix_kv, 1, self.Sb))
+        if prefix_kv is self._handed:  # filled by the caller in this pass's own buffer: taken as it is
+            self._handed = None
+        else:  # a copy: a host buffer the caller reuses (a PE buffer) must not change under a
+            # computation still running; padded on the host, so no shape but the bucket's reaches
+            # the device. The one copy: device_put aliases it on the CPU (jnp.asarray would copy it again)
+            prefix_kv = host_padded(prefix_kv, 1, self.Sb)
+        prefix_kv = jax.device_put(prefix_kv)
         self.held.append(prefix_kv)
         self.x, kv = self._layer(self.x, self.params["layers"][layer], self.positions, self.cfg, prefix_kv,
                                  jnp.asarray(self.prefix_len))
         self.next_layer += 1
         return kv
+
+    def prefix_buffer(self) -> np.ndarray:
+        """A zeroed host array [B, Sb, *record] (the prefix bucket) for the caller to fill with the
+        next layer's prefix KV and pass to `layer_padded`, which then takes it without a copy: a
+        caller that assembles a prefix anyway (several rows, earlier chunks) saves one. It belongs
+        to the pass from then on; the caller must not touch it again."""
+        self._handed = host_padded(self._no_prefix(0)[0], 1, self.Sb)
+        return self._handed
 
     def _head_after_last(self, what: str):
         """The head over the last layer's output [B, Tb, V]; raises InputError before it."""

@@ -204,7 +204,7 @@ class PrefillHost(Host):
                     r.restart(valid, self.layout)
                     return []
                 hits.append(hit_kv)
-            kv = lw.layer_padded(layer, self._prefix(plan, layer, hits))  # dispatched; runs while we send the last
+            kv = lw.layer_padded(layer, self._prefix(lw, plan, layer, hits))  # dispatched; runs while we send the last
             kv.copy_to_host_async()  # its device->host copy starts when it is computed, not when we ask
             if previous is not None:
                 self._send_layer(plan, fresh, *previous)
@@ -222,14 +222,15 @@ class PrefillHost(Host):
                 finished.append(r)
         return finished
 
-    def _prefix(self, plan, layer: int, hits) -> np.ndarray:
-        """Layer `layer`'s prefix KV of every row, [rows, longest, *record]: its hit KV then the KV of
-        its chunks computed so far, zero-padded. A lone row with no computed chunk is its hit KV
-        as it lies in the PE buffer (a view: no gather; the buffer holds still until the row ends)."""
+    def _prefix(self, lw: Layerwise, plan, layer: int, hits) -> np.ndarray:
+        """Layer `layer`'s prefix KV of every row: its hit KV then the KV of its chunks computed so
+        far, zero-padded, assembled in the pass's own buffer (`lw.prefix_buffer()`, which the pass
+        takes uncopied). A lone row with no computed chunk is its hit KV as it lies in the PE
+        buffer (a view: no gather; the pass copies it once)."""
         first = plan[0][0]
         if len(plan) == 1 and first.next == first.start:
             return hits[0][None, :first.start]
-        prefix = np.zeros((len(plan), max(r.next for r, _ in plan), *self.layout.record_shape), self.layout.np_dtype)
+        prefix = lw.prefix_buffer()
         for b, (r, _) in enumerate(plan):
             np.concatenate([hits[b][:r.start], *r.done[layer]], out=prefix[b, :r.next])  # no temporary
         return prefix

@@ -151,6 +151,26 @@ def test_layerwise_copies_each_prefix_so_the_caller_may_reuse_its_buffer(tiny, r
     np.testing.assert_allclose(np.asarray(jnp.stack(kvs)), np.asarray(want_kv), **TOL)
 
 
+def test_layerwise_takes_a_prefix_assembled_in_its_own_buffer_uncopied(tiny, rng):
+    """A prefix the caller assembles in the pass's own buffer (`prefix_buffer`: several rows, earlier
+    chunks) goes to the device as it is (on the CPU: aliased, no second host copy) and gives what
+    a prefix handed over as any other array gives."""
+    cfg, params = tiny
+    tokens = rng.integers(0, cfg.vocab, (2, 40))
+    prefix = rng.standard_normal((cfg.n_layers, 2, 70, 2, cfg.n_kv_heads, cfg.head_dim)).astype(np.float32)
+    copied = models.Layerwise(params, cfg, tokens, prefix_len=[50, 70])
+    want = [copied.layer_padded(layer, prefix[layer]) for layer in range(cfg.n_layers)]
+    lw, got = models.Layerwise(params, cfg, tokens, prefix_len=[50, 70]), []
+    for layer in range(cfg.n_layers):
+        buf = lw.prefix_buffer()
+        assert buf.shape == (2, lw.Sb, 2, cfg.n_kv_heads, cfg.head_dim) and not buf.any()
+        buf[:, :70] = prefix[layer]
+        got.append(lw.layer_padded(layer, buf))
+        if jax.default_backend() == "cpu":
+            assert lw.held[-1].unsafe_buffer_pointer() == buf.ctypes.data, "the pass copied its own buffer"
+    np.testing.assert_array_equal(np.asarray(jnp.stack(got)), np.asarray(jnp.stack(want)))
+
+
 def test_layerwise_compile_rest_leaves_the_pass_nothing_to_compile(tiny, rng, compile_log):
     """A warm-up compiles a pass's layers without running them; the pass then compiles nothing,
     and its results are those of a pass that compiled as it went."""
