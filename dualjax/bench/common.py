@@ -59,6 +59,16 @@ def emit(result: dict, path: str | None) -> None:
     sys.stdout.flush()
 
 
+def trials_within(trials: int, budget_s: float, least: int = 2):
+    """Trial numbers 0, 1, ... up to `trials`, with no new one once `budget_s` seconds have passed
+    since the first (but at least `least`): a slow machine bounds its own wall time."""
+    t_end = time.perf_counter() + budget_s
+    for t in range(trials):
+        if t >= least and time.perf_counter() >= t_end:
+            return
+        yield t
+
+
 def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> None:
     """`path` into `buf` (reused, as large as the file) by `threads` threads, each `preadv`ing its
     share: the machine's plain read at a given parallelism, with no format and no checks (the

@@ -20,6 +20,7 @@ key per block, OCDBT) so the format choice is measured, not assumed.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 import shutil
@@ -32,7 +33,7 @@ import tensorstore as ts
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, parser, raw_parallel_read
+from dualjax.bench.common import emit, parser, raw_parallel_read, trials_within
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
@@ -115,8 +116,9 @@ def _raw_write(path, data: np.ndarray, sync: bool) -> tuple[float, float]:
     return _since(t0)
 
 
-def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> dict:
-    """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up)."""
+def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
+    """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up; then
+    cold), each kind stopping early once `budget_s` has passed (after two trials)."""
     with kv.BlockStore(kv.local_spec(os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")), layout) as store:
         ids, blocks, _ = _fill(store, n)
         raw = os.path.join(workdir, f"raw-{layout.fingerprint()[:8]}.bin")
@@ -130,7 +132,7 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
         _store_read(store, hashes, rng, out), _store_read(store, hashes, rng, out, True)  # warm-up
         _raw_read(raw, raw_buf, threads), _raw_fromfile(raw), _nic_read(nic, store, hashes, rkv)
         s, lm, r, f, rc, ln = [], [], [], [], [], []
-        for _ in range(trials):
+        for _ in trials_within(trials, budget_s):
             s.append(_store_read(store, hashes, rng, out))
             r.append(_raw_read(raw, raw_buf, threads))
             rc.append(_raw_read(raw, raw_buf, threads, layout.layer_bytes))
@@ -140,7 +142,7 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
         nic.close()
         store_dir = os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")
         cold, raw_cold = [], []
-        for _ in range(trials):
+        for _ in trials_within(trials, budget_s / 2):
             _drop_cache([raw, store_dir])
             cold.append(_store_read(store, hashes, rng, out))
             _drop_cache([raw, store_dir])
@@ -160,7 +162,7 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> d
             "raw_checked_cpu_vs_raw": raw_cpu / checked_cpu, "read_vs_raw_checked": read / checked,
             "raw_fromfile_gbps": fromfile, "read_vs_raw_fromfile": read / fromfile,
             "read_cold_gbps": read_cold, "raw_read_cold_gbps": raw_read_cold,
-            "read_cold_vs_raw": read_cold / raw_read_cold}
+            "read_cold_vs_raw": read_cold / raw_read_cold, "read_trials": len(s), "read_cold_trials": len(cold)}
 
 
 def _drop_cache(paths: list[str]) -> None:
@@ -177,14 +179,15 @@ def _drop_cache(paths: list[str]) -> None:
             os.close(fd)
 
 
-def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> dict:
+def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
     """Interleaved trials (disk writes here swing several-fold between runs) at equal durability:
     store puts of 8 blocks (each block visible atomically) into a fresh directory against one raw
     file of the same bytes made visible by rename; neither fsyncs (`write_vs_raw`), or both do
-    (`write_fsync_vs_raw`: the store fsyncs every segment file, the raw write its one file); medians."""
+    (`write_fsync_vs_raw`: the store fsyncs every segment file, the raw write its one file); medians.
+    No new trial once `budget_s` has passed (after two)."""
     times: dict[str, list[float]] = {"write_gbps": [], "write_fsync_gbps": [], "raw_write_gbps": [],
                                      "raw_write_fsync_gbps": []}
-    for t in range(trials):
+    for t in trials_within(trials, budget_s):
         for key, sync in (("write_gbps", False), ("write_fsync_gbps", True)):
             path = os.path.join(workdir, f"write-{t}-{sync}")
             with kv.BlockStore(kv.local_spec(path), layout, sync=sync) as store:
@@ -201,6 +204,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> 
     out["write_cpu_vs_raw"] = cpu["raw_write_gbps"] / cpu["write_gbps"]
     out["write_fsync_vs_raw"] = out["write_fsync_gbps"] / out["raw_write_fsync_gbps"]
     out["write_fsync_cpu_vs_raw"] = cpu["raw_write_fsync_gbps"] / cpu["write_fsync_gbps"]
+    out["write_trials"] = len(times["write_gbps"])
     return out
 
 
@@ -228,8 +232,9 @@ def _zarr3_spec(layout: kv.BlockLayout, path: str, checksum: bool, sharded: bool
     return {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}, "metadata": md}
 
 
-def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) -> dict:
-    """Random-order read GB/s of the same blocks under other TensorStore formats."""
+def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
+    """Random-order read GB/s of the same blocks under other TensorStore formats (each: a warm-up
+    read, then trials until `budget_s` / 5 has passed, at least one)."""
     blocks = np.random.default_rng(3).standard_normal((n, *layout.full_shape)).astype(layout.np_dtype)
     ctx = ts.Context({"file_io_sync": False})
     out, buf = {}, np.empty_like(blocks)
@@ -240,7 +245,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) ->
         for i in range(n):
             arr[i].write(blocks[i]).result()
         dst, times = ts.array(buf, copy=False), []
-        for t in range(trials + 1):
+        for t in trials_within(trials + 1, budget_s / 5):
             t0 = time.perf_counter()
             for f in [dst[j].write(arr[int(i)]) for j, i in enumerate(np.random.default_rng(t).permutation(n))]:
                 f.result()
@@ -253,7 +258,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) ->
         for f in [store.write(f"{i:08d}", blocks[i].tobytes()) for i in range(n)]:
             f.result()
         times = []
-        for t in range(trials + 1):
+        for t in trials_within(trials + 1, budget_s / 5):
             order = np.random.default_rng(t).permutation(n)
             t0 = time.perf_counter()
             vals = [np.frombuffer(f.result().value, layout.np_dtype) for f in [store.read(f"{i:08d}") for i in order]]
@@ -266,25 +271,31 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int) ->
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--dir", help="directory on the disk to measure (default: a temp dir under the cwd)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds of trials per phase, after which no new trial starts (at least two run; "
+                        "default 20, 5 with --quick)")
     args = p.parse_args(argv)
+    t_start = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     small, big = layout_for(models.get_config("small")), layout_for(models.get_config("qwen2.5-32b"))
-    n_small, n_big, trials = (64, 4, 3) if args.quick else (256, 16, 7)
+    n_small, n_big, trials, budget_s = (64, 4, 3, 5.0) if args.quick else (256, 16, 7, 20.0)
+    if args.budget_s is not None:
+        budget_s = args.budget_s
     with tempfile.TemporaryDirectory(dir=args.dir or os.getcwd(), prefix=".bench-kvstore-") as workdir:
         log.info("reads: %d x %d KiB blocks (small)", n_small, small.block_bytes // 1024)
         result = {"benchmark": "kvstore", "format": f"store format {kv.FORMAT_VERSION}: segment files (zarr3 shards "
                   "of up to S blocks, Layer Block chunks), one per put, ending in the segment's entry (XXH3-64 per "
                   "Layer Block, parent and tokens per block); index/<hash> a hard link to the segment file",
-                  **read_figures(small, n_small, workdir, trials)}
+                  **read_figures(small, n_small, workdir, trials, budget_s)}
         log.info("writes")
-        result.update(write_figures(small, n_small, workdir, trials))
+        result.update(write_figures(small, n_small, workdir, trials, budget_s))
         log.info("capped reads")
         result.update(cap_figures(small, n_small, workdir, cap_mbps=100.0))
         log.info("reads: %d x %d MiB blocks (qwen2.5-32b)", n_big, big.block_bytes >> 20)
-        result["qwen2.5-32b"] = read_figures(big, n_big, workdir, trials)
+        result["qwen2.5-32b"] = read_figures(big, n_big, workdir, trials, budget_s)
         log.info("alternative formats")
-        result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials)
-        result["qwen2.5-32b"]["other_formats_read_gbps"] = format_figures(big, n_big, workdir, trials)
+        result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials, budget_s)
+        result["qwen2.5-32b"]["other_formats_read_gbps"] = format_figures(big, n_big, workdir, trials, budget_s)
     result["notes"] = (
         "Same disk, same run, page cache warm (read_cold_*: every file of both sides dropped from the page cache "
         "with posix_fadvise(DONTNEED) before each read, so both read the disk); medians of interleaved trials. "
@@ -307,7 +318,9 @@ def main(argv=None) -> dict:
         "other_formats_read_gbps: TensorStore formats read into the same buffer; zarr3 variants with one chunk per "
         "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
         "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "
-        "which a loaded machine distorts far less than wall time.")
+        "which a loaded machine distorts far less than wall time. "
+        f"Each phase runs up to {trials} trials, none new after {budget_s:g} s (at least two; *_trials: how many ran).")
+    result["wall_s"] = time.perf_counter() - t_start
     emit(result, args.json)
     return result
 

@@ -30,7 +30,7 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, parser
+from dualjax.bench.common import emit, parser, trials_within
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
@@ -108,8 +108,8 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
         # (other jobs) moves all four alike; ratios are taken within a trial. The order rotates
         # from trial to trial, so none always runs right after another
         steps, runs = [("compute", compute), ("load", load), ("layerwise", layerwise), ("basic", basic)], []
-        while len(runs) < trials and (len(runs) < 2 or time.perf_counter() < t_end):
-            k = len(runs) % len(steps)
+        for k in trials_within(trials, t_end - time.perf_counter()):
+            k %= len(steps)
             runs.append({name: _timed(fn) for name, fn in steps[k:] + steps[:k]})
             log.info("  trial %d: overlap %.3f", len(runs), _overlap(runs[-1]))
         track: list[int] = []

@@ -128,9 +128,11 @@ def test_dataplane_benchmark_quick(tmp_path):
 
 
 def test_kvstore_benchmark_quick(tmp_path):
-    """The keys other tools read, and the checksum floor beside the raw read (the same bytes, checked)."""
+    """The keys other tools read, the checksum floor beside the raw read (the same bytes, checked),
+    and a spent budget stops each phase's trials after two."""
     from dualjax.bench import kvstore
-    result = kvstore.main(["--quick", "--dir", str(tmp_path), "--json", str(tmp_path / "kv.json")])
+    result = kvstore.main(["--quick", "--budget-s", "0", "--dir", str(tmp_path), "--json", str(tmp_path / "kv.json")])
+    assert result["read_trials"] == result["read_cold_trials"] == result["write_trials"] == 2
     assert {"read_vs_raw", "write_vs_raw", "cap_measured_mbps", "cap_target_mbps", "raw_checked_vs_raw",
             "read_vs_raw_checked", "read_layer_major_nic_vs_raw"} <= set(result)
     assert result["raw_read_checked_gbps"] > 0 and result["read_vs_raw_checked"] > 0
