@@ -148,6 +148,8 @@ def test_relay_benchmark_quick(tmp_path):
     assert {"relay_vs_raw", "control_p99_ms_priority", "control_p99_ms_fifo", "raw_gbps"} <= set(result)
     assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0
     assert min(result["control_messages"]) >= 100, result["control_messages"]
+    rounds = result["control_p99_ms_priority_rounds"], result["control_p99_ms_fifo_rounds"]
+    assert len(rounds[0]) == len(rounds[1]) == relay.LATENCY_ROUNDS
 
 
 def test_layerwise_benchmark_measures_interleaved_trials_within_its_budget(tmp_path, monkeypatch):
