@@ -124,6 +124,8 @@ def test_dataplane_benchmark_quick(tmp_path):
     assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "pe_vs_raw_parallel", "de_vs_raw_parallel",
             "stages"} <= set(result)
     assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
+    for path in ("pe", "de"):  # no path beats the bound its own stages set (a little noise allowed)
+        assert result[f"{path}_bound_vs_raw"] >= result[f"{path}_vs_raw"] * 0.8 and result[f"{path}_vs_bound"] <= 1.25
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
 
 
