@@ -118,7 +118,8 @@ def _raw_write(path, data: np.ndarray, sync: bool) -> tuple[float, float]:
 
 def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
     """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up; then
-    cold), each kind stopping early once `budget_s` has passed (after two trials)."""
+    cold), no new warm trial once `budget_s` has passed nor cold one once half of it has (at least
+    two of each)."""
     with kv.BlockStore(kv.local_spec(os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")), layout) as store:
         ids, blocks, _ = _fill(store, n)
         raw = os.path.join(workdir, f"raw-{layout.fingerprint()[:8]}.bin")
@@ -234,31 +235,34 @@ def _zarr3_spec(layout: kv.BlockLayout, path: str, checksum: bool, sharded: bool
 
 def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
     """Random-order read GB/s of the same blocks under other TensorStore formats (each: a warm-up
-    read, then trials until `budget_s` / 5 has passed, at least one)."""
+    read, then timed reads, none new once its share of `budget_s` has passed, at least one)."""
     blocks = np.random.default_rng(3).standard_normal((n, *layout.full_shape)).astype(layout.np_dtype)
     ctx = ts.Context({"file_io_sync": False})
     out, buf = {}, np.empty_like(blocks)
-    for name, (checksum, sharded) in {"zarr3_no_checksum": (False, False), "zarr3_crc32c": (True, False),
-                                      "zarr3_sharded_layer_chunks_crc32c": (True, True)}.items():
+    zarr3 = {"zarr3_no_checksum": (False, False), "zarr3_crc32c": (True, False),
+             "zarr3_sharded_layer_chunks_crc32c": (True, True)}
+    tag = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}")
+    kvstores = {"file_key_per_block": {"driver": "file", "path": tag + "-file/"},
+                "ocdbt": {"driver": "ocdbt", "base": {"driver": "file", "path": tag + "-ocdbt/"}}}
+    share = budget_s / (len(zarr3) + len(kvstores))
+    for name, (checksum, sharded) in zarr3.items():
         path = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}-{name}/")
         arr = ts.open(_zarr3_spec(layout, path, checksum, sharded), create=True, context=ctx).result()
         for i in range(n):
             arr[i].write(blocks[i]).result()
         dst, times = ts.array(buf, copy=False), []
-        for t in trials_within(trials + 1, budget_s / 5):
+        for t in trials_within(trials + 1, share):
             t0 = time.perf_counter()
             for f in [dst[j].write(arr[int(i)]) for j, i in enumerate(np.random.default_rng(t).permutation(n))]:
                 f.result()
             times.append(time.perf_counter() - t0)
         out[name] = _gbps(blocks.nbytes, statistics.median(times[1:]))
-    tag = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}")
-    for name, spec in (("file_key_per_block", {"driver": "file", "path": tag + "-file/"}),
-                       ("ocdbt", {"driver": "ocdbt", "base": {"driver": "file", "path": tag + "-ocdbt/"}})):
+    for name, spec in kvstores.items():
         store = ts.KvStore.open(spec, context=ctx).result()
         for f in [store.write(f"{i:08d}", blocks[i].tobytes()) for i in range(n)]:
             f.result()
         times = []
-        for t in trials_within(trials + 1, budget_s / 5):
+        for t in trials_within(trials + 1, share):
             order = np.random.default_rng(t).permutation(n)
             t0 = time.perf_counter()
             vals = [np.frombuffer(f.result().value, layout.np_dtype) for f in [store.read(f"{i:08d}") for i in order]]
@@ -272,8 +276,8 @@ def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--dir", help="directory on the disk to measure (default: a temp dir under the cwd)")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="seconds of trials per phase, after which no new trial starts (at least two run; "
-                        "default 20, 5 with --quick)")
+                   help="seconds of trials per phase (warm reads, writes; cold reads half of it, the other "
+                        "formats all together), after which no new trial starts (default 20, 5 with --quick)")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
@@ -319,7 +323,8 @@ def main(argv=None) -> dict:
         "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
         "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "
         "which a loaded machine distorts far less than wall time. "
-        f"Each phase runs up to {trials} trials, none new after {budget_s:g} s (at least two; *_trials: how many ran).")
+        f"Each phase runs up to {trials} trials, none new after {budget_s:g} s (cold reads: half of it; the other "
+        "formats share it, at least one timed read each), at least two (*_trials: how many ran).")
     result["wall_s"] = time.perf_counter() - t_start
     emit(result, args.json)
     return result
