@@ -49,11 +49,13 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
-def _timed(fn, *args) -> tuple[float, float]:
-    """(wall seconds, this process's CPU seconds, all threads) of `fn(*args)`."""
+def _timed(fn, *args) -> tuple:
+    """(wall seconds, this process's CPU seconds, all threads) of `fn(*args)`; and when `fn` returns
+    the `perf_counter` time its first layer reached the computation, the seconds until then."""
     c0, t0 = time.process_time(), time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0, time.process_time() - c0
+    first = fn(*args)
+    timed = time.perf_counter() - t0, time.process_time() - c0
+    return (*timed, first - t0) if isinstance(first, float) else timed
 
 
 class Data:
@@ -104,8 +106,11 @@ class Device:
 
     def __init__(self):
         self.inflight: collections.deque = collections.deque()
+        self.first: float | None = None  # perf_counter() when the first layer came
 
     def take(self, host: np.ndarray) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
         self.inflight.append(jax.device_put(host))
         if len(self.inflight) > 2:
             self.inflight.popleft().block_until_ready()
@@ -115,14 +120,16 @@ class Device:
         self.inflight.clear()
 
 
-def pe_path(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> None:
-    """Store -> PE buffer -> device, each layer as soon as it is in (reads queued per request)."""
+def pe_path(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> float:
+    """Store -> PE buffer -> device, each layer as soon as it is in (reads queued per request);
+    returns when the first layer came."""
     dev = Device()
     for ticket, rkv in zip(d.read_all(nic, rkvs), rkvs):
         for layer in range(d.L):
             assert ticket.wait_layer(layer) == d.nb, "a block read failed"
             dev.take(rkv.layer(layer, d.nb * d.T))
     dev.finish()
+    return dev.first
 
 
 def de_sender(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV], transport, pe: int) -> None:
@@ -140,8 +147,9 @@ def relay_sender(d: Data, rkvs: list[RequestKV], transport, pe: int) -> None:
             transport.send(pe, LayerKV(r, layer, 0, rkv.layer_view(layer, d.nb), d.nb))
 
 
-def receiver(d: Data, transport, device: bool = True) -> None:
-    """The PE's side of the DE path: each relayed layer onto the device (`device`), in arrival order."""
+def receiver(d: Data, transport, device: bool = True) -> float | None:
+    """The PE's side of the DE path: each relayed layer onto the device (`device`), in arrival order;
+    returns when the first layer came (with `device`)."""
     dev = Device()
     for _ in range(d.requests * d.L):
         got = transport.recv(timeout=120)
@@ -152,14 +160,16 @@ def receiver(d: Data, transport, device: bool = True) -> None:
         if device:
             dev.take(msg.kv.reshape(-1, *d.layout.record_shape))
     dev.finish()
+    return dev.first
 
 
-def _embedded_pair(fabric, sender, *args) -> None:
-    """Rank 1 (`sender`, a thread) relays to rank 0 (this thread, the receiver)."""
+def _embedded_pair(fabric, sender, *args) -> float | None:
+    """Rank 1 (`sender`, a thread) relays to rank 0 (this thread, the receiver); the receiver's result."""
     t = threading.Thread(target=sender, args=(*args, fabric.transport(1), 0), daemon=True)
     t.start()
-    receiver(args[0], fabric.transport(0), device=sender is de_sender)
+    first = receiver(args[0], fabric.transport(0), device=sender is de_sender)
     t.join()
+    return first
 
 
 def store_read(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> None:
@@ -219,7 +229,8 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
                                                                  else {}),
                "device": device, "path": res[f"{name}_gbps"],
                "raw_read_s": wall["raw"], "store_over_raw_s": wall["store_read"] - wall["raw"],
-               "dataplane_over_store_s": wall[name] - wall["store_read"], "bound_s": bound_s[name]}
+               "dataplane_over_store_s": wall[name] - wall["store_read"], "bound_s": bound_s[name],
+               "first_layer_s": statistics.median(r[name][2] for r in runs)}
         for name in ("pe", "de")}
     return res
 
@@ -291,7 +302,7 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
     if comm.rank == 0:  # wall from rank 0 (both ranks are inside a barrier pair), CPU of both ranks
         for r0, r1 in zip(*every):
             for k, (_, cpu) in r1.items():
-                r0[k] = (r0[k][0], r0[k][1] + cpu)
+                r0[k] = (r0[k][0], r0[k][1] + cpu, *r0[k][2:])
         with open(out_path, "w") as f:
             json.dump(_summary(d, every[0], {"pe": len(cpus[0]), "de": len(cpus[0] | cpus[1])}), f)
 
@@ -335,9 +346,10 @@ def main(argv=None) -> dict:
         "against the raw read; bound_s: an estimate of the least time the path could take here, its stages (each "
         "timed alone in the same trial) overlapped perfectly: no less than its slowest stage, nor than their CPU "
         "seconds over the cores its processes may use (noise, or polling counted in a stage's CPU, can let a path "
-        "beat it a little); *_bound_vs_raw = raw / bound (about the most this machine allows the path), "
-        "*_vs_bound = bound / path (how much of that the path reaches). CPU backend: page-aligned host buffers "
-        "are aliased by jax.device_put (h2d free) and "
+        "beat it a little); first_layer_s: from the start until the path's first layer reached the computation "
+        "(a pipeline's fill: the rest of the path streams behind it); *_bound_vs_raw = raw / bound (about the "
+        "most this machine allows the path), *_vs_bound = bound / path (how much of that the path reaches). "
+        "CPU backend: page-aligned host buffers are aliased by jax.device_put (h2d free) and "
         "np.asarray of a device array is a view (d2h free); on an accelerator both are DMA copies.")
     emit(result, args.json)
     return result

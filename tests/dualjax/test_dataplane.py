@@ -126,6 +126,9 @@ def test_dataplane_benchmark_quick(tmp_path):
     assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
     assert result["stages"]["de"]["bound_s"] >= result["stages"]["pe"]["bound_s"] > 0  # the DE path adds the relay
     assert 0 < result["de_vs_bound"] <= 1.25  # no path beats the bound its own stages set (a little noise allowed)
+    for run in ("embedded", "mpi"):  # the first layer reaches the computation before the whole path is through
+        for path in ("pe", "de"):
+            assert 0 < result[run]["stages"][path]["first_layer_s"] < result[run]["stage_s"][path]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
 
 
