@@ -228,7 +228,11 @@ class MpiTransport(Transport):
 
     def _poll_incoming(self) -> bool:
         MPI, st, got = self.MPI, self.MPI.Status(), False
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
+        # MPICH's Iprobe looks among the messages it has taken in before it makes progress, so one that
+        # arrived while this thread slept is taken in by a first probe and seen only by a second: without
+        # it, a message to a sleeping rank waited a whole extra pause (up to IDLE_MAX_S)
+        while (self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+               or self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)):
             src, tag, got = st.Get_source(), st.Get_tag(), True
             raw = bytearray(st.Get_count(MPI.BYTE))
             self.comm.Recv([raw, MPI.BYTE], source=src, tag=tag)

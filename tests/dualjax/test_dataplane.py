@@ -117,6 +117,13 @@ def test_mpi_transport_delivers_every_array_bit_exact():
     assert proc.stdout.strip() == "ok"
 
 
+def test_mpi_transport_takes_a_message_in_when_a_sleeping_rank_wakes():
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_idle_wakeup.py"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
 @pytest.mark.slow
 def test_dataplane_benchmark_quick(tmp_path):
     from dualjax.bench import dataplane
