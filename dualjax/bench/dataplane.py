@@ -13,7 +13,8 @@ Both paths run embedded (one process, in-process transport) and under `mpiexec -
 DE, rank 0 the PE, `MpiTransport` over MPICH shared memory). Every stage is also timed alone on the
 same bytes (`stage_gbps`, `stage_s`, `cpu_s`; the device stages `h2d` and `d2h` apart), and
 `stages` says per path where its time goes against the raw read: the store's own shortfall
-(`store_over_raw_s`) and what the data plane adds beyond the store read (`dataplane_over_store_s`).
+(`store_over_raw_s`), what the data plane adds beyond the store read (`dataplane_over_store_s`),
+the least time its stages allow on this machine (`bound_s`) and its fill (`first_layer_s`).
 raw = the same bytes read from one file on the same disk into a reused buffer by one process
 alone (page cache warm, as the store's files are); raw_parallel (`*_vs_raw_parallel`) = the same
 read by as many threads as the store reads with (`bench kvstore`'s yardstick, the stricter one).
