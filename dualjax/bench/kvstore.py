@@ -120,9 +120,11 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
     """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up; then
     cold), no new warm trial once `budget_s` has passed nor cold one once half of it has (at least
     two of each)."""
-    with kv.BlockStore(kv.local_spec(os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")), layout) as store:
+    tag = layout.fingerprint()[:8]
+    store_dir = os.path.join(workdir, f"read-{tag}")
+    with kv.BlockStore(kv.local_spec(store_dir), layout) as store:
         ids, blocks, _ = _fill(store, n)
-        raw = os.path.join(workdir, f"raw-{layout.fingerprint()[:8]}.bin")
+        raw = os.path.join(workdir, f"raw-{tag}.bin")
         blocks.tofile(raw)
         hashes = [b.hash for b in ids]
         rng = np.random.default_rng(1)
@@ -141,7 +143,6 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
             ln.append(_nic_read(nic, store, hashes, rkv))
             f.append(_raw_fromfile(raw))
         nic.close()
-        store_dir = os.path.join(workdir, f"read-{layout.fingerprint()[:8]}")
         cold, raw_cold = [], []
         for _ in trials_within(trials, budget_s / 2):
             _drop_cache([raw, store_dir])
@@ -246,7 +247,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
                 "ocdbt": {"driver": "ocdbt", "base": {"driver": "file", "path": tag + "-ocdbt/"}}}
     share = budget_s / (len(zarr3) + len(kvstores))
     for name, (checksum, sharded) in zarr3.items():
-        path = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}-{name}/")
+        path = f"{tag}-{name}/"
         arr = ts.open(_zarr3_spec(layout, path, checksum, sharded), create=True, context=ctx).result()
         for i in range(n):
             arr[i].write(blocks[i]).result()
