@@ -1,12 +1,15 @@
 """Reading blocks: `get` (`BlockStore.get`: a few large reads in flight, one `BlockRead` per block,
 checked against its index entry's per-layer checksums), a storage NIC's reads of one request
-(`RequestReads`), and local segment files read with `preadv` straight into the caller's buffer and
-checked as they land (`pread_rows`). Uses only the store's public methods."""
+(`RequestReads`), and local segment files copied out of read-only mappings (`SegmentMaps`) or read
+with `preadv`, straight into the caller's buffer, and checked as they land (`pread_rows`). Uses only
+the store's public methods."""
 
 from __future__ import annotations
 
 import collections
+import mmap
 import os
+import threading
 
 import numpy as np
 import tensorstore as ts
@@ -16,16 +19,72 @@ from kvstore.hashing import check_hash
 from kvstore.segments import IOV_MAX
 
 VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
+COPY_BYTES = 512 << 10  # bytes copied out of a mapping at a time at most, then verified while in cache
 READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: an error, not SIGBUS
+
+
+class SegmentMaps:
+    """Read-only shared mappings of a local store's segment files, one per file, kept while the file
+    keeps its inode, size and mtime (at most `MAX_MAPS`, least recently used dropped first). A
+    mapping no longer kept is unmapped once the last read using it ends (its NumPy views hold it).
+
+    Why: the kernel's copy out of the page cache (`preadv`) leaves the bytes out of this core's
+    cache, so verifying them costs a second pass over memory; a copy out of a mapping in pieces of
+    `COPY_BYTES` leaves each piece in cache for its checksum. A piece's pages are faulted in first
+    with `MADV_POPULATE_READ`, which reports a page past the file's end or one that cannot be read
+    as an error (the read then falls back to `preadv`, which says why) instead of SIGBUS. What
+    remains is a file truncated in place during one piece's copy: the store never truncates a file
+    in use (eviction and dropping bad segments unlink; only an unreadable entry's file is emptied)."""
+
+    MAX_MAPS = 64
+
+    def __init__(self):
+        self._maps: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str, fd: int) -> mmap.mmap | None:
+        """The mapping of the open file `fd` (at `path`); None for an empty file or one that cannot
+        be mapped."""
+        st = os.fstat(fd)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._maps.get(path)
+            if hit is not None and hit[0] == key:
+                self._maps.move_to_end(path)
+                return hit[1]
+        if st.st_size == 0:
+            return None
+        try:
+            m = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            return None
+        with self._lock:
+            self._maps[path] = (key, m)
+            self._maps.move_to_end(path)
+            while len(self._maps) > self.MAX_MAPS:
+                self._maps.popitem(last=False)
+        return m
+
+    def forget(self, path: str) -> None:
+        """Drop the mapping of `path` (its file is deleted or emptied: a kept mapping would hold the
+        deleted file's space)."""
+        with self._lock:
+            self._maps.pop(path, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
 
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
-               sel: slice) -> dict[int, str]:
+               sel: slice, maps: SegmentMaps | None = None) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
-    and check each Layer Block read against its checksum. `entries`: (slot, per-layer checksums)
-    in slot order. Returns {slot: why} for blocks that failed (missing file, short file, I/O
-    error, checksum mismatch)."""
+    and check each Layer Block read against its checksum: copied out of the file's mapping in
+    `maps` where one serves them, else (no `maps`, a short file, a page that would not read) with
+    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
+    that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
@@ -39,6 +98,12 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
         try:
+            mapped = maps.get(path, fd) if whole and maps is not None else None
+            if mapped is not None:
+                done, items = _copy_mapped(mapped, layout, S, data_offset, out, items)
+                failed.update(done)
+                if not items:
+                    continue
             if sel.stop - sel.start == 1:  # a layer-major read: one Layer Block per block, not adjacent in the file
                 failed.update(_pread_layer(fd, path, layout, S, data_offset, out, items, sel.start))
                 continue
@@ -53,6 +118,30 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
         finally:
             os.close(fd)
     return failed
+
+
+def _copy_mapped(m: mmap.mmap, layout, S: int, data_offset: int, out: np.ndarray, items: list) -> tuple[dict, list]:
+    """Copy whole blocks `items` out of their segment file's mapping `m` into their rows of `out`,
+    at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in cache. Returns
+    ({slot: why} for checksum mismatches, the items from the first one the mapping cannot serve,
+    past the file's end or with a page that would not read, left to `preadv`)."""
+    failed: dict[int, str] = {}
+    per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
+    for k, (slot, row, sums) in enumerate(items):
+        start = data_offset + slot % S * layout.block_bytes
+        try:
+            m.madvise(MADV_POPULATE_READ, start - start % mmap.PAGESIZE, start % mmap.PAGESIZE + layout.block_bytes)
+            src = np.ndarray(layout.full_shape, layout.np_dtype, m, start)
+        except (OSError, ValueError, TypeError):  # unreadable (OSError), past the end (ValueError, TypeError)
+            return failed, items[k:]
+        dst = out[row]
+        for p in range(0, layout.n_layers, per):
+            np.copyto(dst[p:p + per], src[p:p + per])
+            bad = [i for i in range(p, min(p + per, layout.n_layers)) if xxhash.xxh3_64_intdigest(dst[i]) != sums[i]]
+            if bad:
+                failed[slot] = f"checksum mismatch in layer {bad[0]}"
+                break
+    return failed, []
 
 
 def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, items: list,
