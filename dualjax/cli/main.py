@@ -31,13 +31,17 @@ BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "
 
 
 def cmd_run(args) -> int:
-    from dualjax.runtime.launch import check_run, launch_mpi, run_embedded, summary_line
+    from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
     cfg = from_args(RunConfig, args)
     check_run(cfg)
     if not args.embedded:
         rc = launch_mpi(cfg, quiet=args.quiet)
         if rc:
-            print(f"dualjax run: a host failed (exit code {rc}); see its traceback above", file=sys.stderr)
+            first = failed_hosts(cfg.out)[:1]
+            print(f"dualjax run: a host failed (exit code {rc})" + (f"; {first[0]}:" if first else ""), file=sys.stderr)
+            for path in first:  # mpiexec may have ended the job before it forwarded the host's own print
+                with open(path) as f:
+                    print(f.read(), file=sys.stderr)
         return rc  # on success rank 0 printed the summary
     print(summary_line(run_embedded(cfg, progress=not args.quiet)))
     return 0

@@ -3,7 +3,9 @@ threads whose exceptions end the whole job (never a hang)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import sys
 import threading
@@ -60,8 +62,14 @@ class Host:
             self.fail(traceback.format_exc())
 
     def fail(self, tb: str) -> None:
+        """End the job with this host's traceback: printed, and kept in `failed-rank<r>.txt` under the
+        run's output directory, since mpiexec may end the job before it forwards a rank's stderr."""
         text = f"[rank {self.rank} {self.role}] {tb}"
         print(text, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            os.makedirs(self.cfg.out, exist_ok=True)
+            with open(os.path.join(self.cfg.out, f"failed-rank{self.rank}.txt"), "w") as f:
+                f.write(text)
         self.stop.set()
         self.transport.abort(text)
 

@@ -8,6 +8,7 @@ classes and messages as a real run; `run_rank(transport, cfg)` is what each MPI 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -114,9 +115,16 @@ def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:
     """Run `cfg` as `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
     rebuilt from `cfg`); returns mpiexec's exit code."""
     from dualjax.core.config import to_argv
+    for old in failed_hosts(cfg.out):  # a failure of an earlier run in this directory
+        os.remove(old)
     argv = to_argv(cfg) + (["--quiet"] if quiet else [])
     cmd = [mpiexec(), "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m", "dualjax.runtime.rank", *argv]
     return subprocess.run(cmd).returncode
+
+
+def failed_hosts(out: str) -> list[str]:
+    """The tracebacks failing hosts left in run directory `out` (`failed-rank<r>.txt`), rank order."""
+    return sorted(glob.glob(os.path.join(out, "failed-rank*.txt")), key=lambda p: int(p.rsplit("rank", 1)[1][:-4]))
 
 
 def summary_line(report: dict) -> str:

@@ -107,6 +107,7 @@ def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
                           timeout=240)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
+    assert "failed-rank1.txt" in proc.stderr  # printed by the launcher too: mpiexec may drop the rank's own
 
 
 def test_mpiexec_run_matches_the_reference(tmp_path, reference):
