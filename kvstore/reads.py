@@ -31,11 +31,14 @@ class SegmentMaps:
 
     Why: the kernel's copy out of the page cache (`preadv`) leaves the bytes out of this core's
     cache, so verifying them costs a second pass over memory; a copy out of a mapping in pieces of
-    `COPY_BYTES` leaves each piece in cache for its checksum. A piece's pages are faulted in first
-    with `MADV_POPULATE_READ`, which reports a page past the file's end or one that cannot be read
-    as an error (the read then falls back to `preadv`, which says why) instead of SIGBUS. What
-    remains is a file truncated in place during one piece's copy: the store never truncates a file
-    in use (eviction and dropping bad segments unlink; only an unreadable entry's file is emptied)."""
+    `COPY_BYTES` leaves each piece in cache for its checksum. Whole-block reads use them (16 MiB
+    blocks: 0.78-0.79 of the raw read, against 0.63-0.64 with `preadv`); a layer's read keeps
+    `preadv` (one Layer Block per block: mapped, it was no faster). A block's pages are faulted in
+    first with `MADV_POPULATE_READ`, which reports a page past the file's end or one that cannot be
+    read as an error (the read then falls back to `preadv`, which says why) instead of SIGBUS.
+    What remains is a file truncated in place during one block's copy: the store never truncates a
+    file it reads (eviction and dropping bad segments unlink; only a file whose entry is unreadable
+    is emptied)."""
 
     MAX_MAPS = 64
 
