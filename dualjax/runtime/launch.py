@@ -68,6 +68,7 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
     """All ranks in this process (threads). `policy` (an object, e.g. from a notebook) overrides
     `cfg.policy`. Raises HostFailure with the failing host's traceback."""
     open_store(cfg)  # fail fast on a fingerprint mismatch, before any host starts
+    clear_failures(cfg.out)
     fabric = InProcFabric(cfg.cluster.size)
     params = run_model(cfg).load_params()
     hosts = [make_host(r, fabric.transport(r), cfg, params) for r in range(1, cfg.cluster.size)]
@@ -115,11 +116,16 @@ def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:
     """Run `cfg` as `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
     rebuilt from `cfg`); returns mpiexec's exit code."""
     from dualjax.core.config import to_argv
-    for old in failed_hosts(cfg.out):  # a failure of an earlier run in this directory
-        os.remove(old)
+    clear_failures(cfg.out)
     argv = to_argv(cfg) + (["--quiet"] if quiet else [])
     cmd = [mpiexec(), "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m", "dualjax.runtime.rank", *argv]
     return subprocess.run(cmd).returncode
+
+
+def clear_failures(out: str) -> None:
+    """Remove the tracebacks an earlier run in directory `out` left (`failed_hosts`)."""
+    for path in failed_hosts(out):
+        os.remove(path)
 
 
 def failed_hosts(out: str) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from dualjax.cli import main as cli
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
-from dualjax.runtime.launch import mpiexec, run_embedded
+from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
@@ -96,8 +96,13 @@ def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, policy):
 
 
 def test_a_failing_host_ends_the_embedded_run(tmp_path):
+    stale = tmp_path / "fail" / "failed-rank1.txt"  # left by an earlier run in the same directory
+    stale.parent.mkdir()
+    stale.write_text("an earlier failure")
     with pytest.raises(HostFailure, match="injected failure on rank 2"):
         _run(tmp_path, "fail", inject_failure=2)
+    assert failed_hosts(str(tmp_path / "fail")) == [str(tmp_path / "fail" / "failed-rank2.txt")]
+    assert "injected failure on rank 2" in (tmp_path / "fail" / "failed-rank2.txt").read_text()
 
 
 def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
