@@ -23,7 +23,7 @@ import tensorstore as ts
 
 from kvstore.hashing import check_hash
 from kvstore.layout import BlockLayout
-from kvstore.reads import SegmentMaps, pread_rows
+from kvstore.reads import pread_rows
 from kvstore.segments import (
     SegmentFile,
     encode_entry,
@@ -64,7 +64,6 @@ class SegmentFiles:
         self._writer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-write")
         self._reader_pool = concurrent.futures.ThreadPoolExecutor(self.READER_THREADS,
                                                                   thread_name_prefix="kvstore-read")
-        self._maps = SegmentMaps() if self.root is not None else None
 
     def keys(self) -> list[str]:
         """Every key under `index/`."""
@@ -164,8 +163,6 @@ class SegmentFiles:
                 f.result()
             if segment is not None:
                 self.data_kv.write(self.segment_key(segment), None).result()
-                if self._maps is not None:
-                    self._maps.forget(self._segment_path(segment))
         except ValueError as e:
             log.warning("dropping blocks %s failed: %s", ", ".join(members), e)
 
@@ -201,7 +198,8 @@ class SegmentFiles:
         """Start reading the blocks of `entries` [(slot, layer checksums)] (layers `sel`) into rows
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
-        `out` from the segment files' mappings (or `preadv`s them) and checks their checksums (its
+        `out` (whole blocks from mappings of their segment files, layers by `preadv`) and checks
+        their checksums (its
         future gives {slot: why} for blocks that failed); elsewhere one TensorStore read (its
         future raises when any block failed; the caller checks checksums)."""
         if not self.preads(out):
@@ -209,19 +207,13 @@ class SegmentFiles:
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
             return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
         return self._reader_pool.submit(pread_rows, self._segment_path, self.layout, self.S,
-                                        shard_index_bytes(self.layout, self.S), out, rows, entries, sel, self._maps)
+                                        shard_index_bytes(self.layout, self.S), out, rows, entries, sel)
 
     def preads(self, out: np.ndarray) -> bool:
         """Whether reads into `out` take the local `preadv` path (else TensorStore's)."""
         return self.root is not None and (out.size == 0 or out[0, 0].flags.c_contiguous)
 
-    def unmap(self) -> None:
-        """Forget the segment files' mappings (`SegmentMaps.clear`)."""
-        if self._maps is not None:
-            self._maps.clear()
-
     def close(self) -> None:
-        """Stop the writer and reader threads; forget the mappings."""
+        """Stop the writer and reader threads."""
         self._writer_pool.shutdown()
         self._reader_pool.shutdown()
-        self.unmap()

@@ -1,6 +1,6 @@
 """Reading blocks: `get` (`BlockStore.get`: a few large reads in flight, one `BlockRead` per block,
 checked against its index entry's per-layer checksums), a storage NIC's reads of one request
-(`RequestReads`), and local segment files copied out of read-only mappings (`SegmentMaps`) or read
+(`RequestReads`), and local segment files copied out of read-only mappings (`map_file`) or read
 with `preadv`, straight into the caller's buffer, and checked as they land (`pread_rows`). Uses only
 the store's public methods."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import threading
 
 import numpy as np
 import tensorstore as ts
@@ -24,69 +23,35 @@ READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a ge
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: an error, not SIGBUS
 
 
-class SegmentMaps:
-    """Read-only shared mappings of a local store's segment files, one per file, kept while the file
-    keeps its inode, size and mtime (at most `MAX_MAPS`, least recently used dropped first). A
-    mapping no longer kept is unmapped once the last read using it ends (its NumPy views hold it).
+def map_file(fd: int) -> mmap.mmap | None:
+    """A read-only shared mapping of the open file `fd` for one read (unmapped when the last NumPy
+    view of it goes); None for an empty file or one that cannot be mapped.
 
-    Why: the kernel's copy out of the page cache (`preadv`) leaves the bytes out of this core's
-    cache, so verifying them costs a second pass over memory; a copy out of a mapping in pieces of
-    `COPY_BYTES` leaves each piece in cache for its checksum. Whole-block reads use them (16 MiB
-    blocks: 0.78-0.79 of the raw read, against 0.63-0.64 with `preadv`); a layer's read keeps
-    `preadv` (one Layer Block per block: mapped, it was no faster). A block's pages are faulted in
-    first with `MADV_POPULATE_READ`, which reports a page past the file's end or one that cannot be
-    read as an error (the read then falls back to `preadv`, which says why) instead of SIGBUS.
-    What remains is a file truncated in place during one block's copy: the store never truncates a
-    file it reads (eviction and dropping bad segments unlink; only a file whose entry is unreadable
-    is emptied)."""
-
-    MAX_MAPS = 64
-
-    def __init__(self):
-        self._maps: collections.OrderedDict[str, tuple] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, path: str, fd: int) -> mmap.mmap | None:
-        """The mapping of the open file `fd` (at `path`); None for an empty file or one that cannot
-        be mapped."""
-        st = os.fstat(fd)
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            hit = self._maps.get(path)
-            if hit is not None and hit[0] == key:
-                self._maps.move_to_end(path)
-                return hit[1]
-        if st.st_size == 0:
-            return None
-        try:
-            m = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except (OSError, ValueError):
-            return None
-        with self._lock:
-            self._maps[path] = (key, m)
-            self._maps.move_to_end(path)
-            while len(self._maps) > self.MAX_MAPS:
-                self._maps.popitem(last=False)
-        return m
-
-    def forget(self, path: str) -> None:
-        """Drop the mapping of `path` (its file is deleted or emptied: a kept mapping would hold the
-        deleted file's space)."""
-        with self._lock:
-            self._maps.pop(path, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._maps.clear()
+    Why whole blocks are copied out of it: the kernel's copy out of the page cache (`preadv`)
+    leaves the bytes out of this core's cache, so verifying them costs a second pass over memory; a
+    copy out of a mapping in pieces of `COPY_BYTES` leaves each piece in cache for its checksum
+    (16 MiB blocks, in one process alternating: 0.84 of the raw read, against 0.66 with `preadv`). A layer's read
+    keeps `preadv`: one Layer Block per block, mapped it was no faster. Each block's pages are
+    faulted in first with `MADV_POPULATE_READ`, which reports a page past the file's end or one
+    that cannot be read as an error (the block then goes to `preadv`, which says why) instead of
+    SIGBUS. What remains is a file truncated in place during the copy of one block; the store
+    only ever empties in place a file whose entry cannot be read (docs/store.md)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    try:
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
 
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
-               sel: slice, maps: SegmentMaps | None = None) -> dict[int, str]:
+               sel: slice) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
-    and check each Layer Block read against its checksum: copied out of the file's mapping in
-    `maps` where one serves them, else (no `maps`, a short file, a page that would not read) with
-    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
+    and check each Layer Block read against its checksum: whole blocks copied out of a mapping of
+    the file (`map_file`), layers and whatever the mapping cannot serve (a short file, a page that
+    would not read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
     that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
@@ -101,7 +66,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
         try:
-            mapped = maps.get(path, fd) if whole and maps is not None else None
+            mapped = map_file(fd) if whole else None
             if mapped is not None:
                 done, items = _copy_mapped(mapped, layout, S, data_offset, out, items)
                 failed.update(done)

@@ -482,15 +482,8 @@ class BlockStore:
         return {"blocks": blocks, "bytes": blocks * self.layout.block_bytes, "capacity_bytes": self.capacity_bytes,
                 "block_bytes": self.layout.block_bytes, "fingerprint": self.layout.fingerprint(), **self.counters}
 
-    def unmap(self) -> None:
-        """Forget the mappings of segment files kept for reads (a local store): their pages then leave
-        the page cache as any file's do (`posix_fadvise(DONTNEED)` skips mapped pages). Reads map
-        them again."""
-        self.files.unmap()
-
     def close(self) -> None:
-        """Stop the writer and reader threads and forget the mappings (TensorStore handles need no
-        closing)."""
+        """Stop the writer and reader threads (TensorStore handles need no closing)."""
         self.files.close()
 
     def __enter__(self):

@@ -145,7 +145,6 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
         nic.close()
         cold, raw_cold = [], []
         for _ in trials_within(trials, budget_s / 2):
-            store.unmap()  # mapped pages stay in the page cache
             _drop_cache([raw, store_dir])
             cold.append(_store_read(store, hashes, rng, out))
             _drop_cache([raw, store_dir])

@@ -211,33 +211,39 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
     assert not os.path.exists(path) and not any(store.contains(b.hash) for b in ids)
 
 
-def test_whole_blocks_come_through_a_kept_mapping_that_sees_the_file_change(tmp_path, store):
-    """Whole-block reads copy out of the segment file's mapping, kept between reads (a layer's read
-    does not map): bytes flipped in place after a read are caught by the next one, and `unmap`
-    forgets the mapping."""
+def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_preadv(tmp_path, store, monkeypatch):
+    """Whole blocks are copied out of a mapping of their segment file (no `preadv`), checked as they
+    land; a layer's read takes `preadv`; a block past a truncated file's end goes to `preadv`,
+    which finds it short: a miss, not SIGBUS."""
+    calls, real = [], os.preadv
+    monkeypatch.setattr(kv.reads.os, "preadv", lambda *a: calls.append(a) or real(*a))
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
-    maps = store.files._maps._maps
-    store.get([b.hash for b in ids], layers=range(1, 2))[0].result()
-    assert not maps
-    got = [r.result() for r in store.get([b.hash for b in ids])]
-    np.testing.assert_array_equal(np.stack(got), blocks)
+    hashes = [b.hash for b in ids]
+    np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
+    assert not calls
+    out = np.zeros_like(blocks)
+    assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
+    np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
+    assert calls and not out[:, 0].any()
     path, offset = _block_in_file(tmp_path, store, ids[2].hash)
-    assert list(maps) == [path]
     with open(path, "r+b") as f:  # in place: same file, same size
         f.seek(offset + LAYOUT.layer_bytes + 5)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    got = [r.result() for r in store.get([b.hash for b in ids])]
-    assert got[2] is None and store.stats()["bad_blocks"] == 1
+    calls.clear()
+    got = [r.result() for r in store.get(hashes)]
+    assert got[2] is None and store.stats()["bad_blocks"] == 1 and not calls
     np.testing.assert_array_equal(np.stack(got[:2]), blocks[:2])
-    assert not maps and not os.path.exists(path)  # the bad block's segment is dropped, its mapping with it
-    store.put(ids[:1], blocks[:1])
-    store.get([ids[0].hash])[0].result()
-    assert maps
-    store.unmap()
-    assert not maps
+    ids, blocks = _chain(3, offset=1000), _blocks(3, seed=7)
+    store.put(ids, blocks)
+    assert len(store.get_prefix([b.hash for b in ids])) == 3 and not calls  # entries known now
+    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
+    os.truncate(path, offset + LAYOUT.block_bytes // 2)
+    got = [r.result() for r in store.get([b.hash for b in ids])]
+    np.testing.assert_array_equal(got[0], blocks[0])
+    assert got[1] is None and got[2] is None and calls  # the mapping served block 0; preadv found the cut
 
 
 def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
