@@ -37,11 +37,10 @@ def cmd_run(args) -> int:
     if not args.embedded:
         rc = launch_mpi(cfg, quiet=args.quiet)
         if rc:
-            first = failed_hosts(cfg.out)[:1]
-            print(f"dualjax run: a host failed (exit code {rc})" + (f"; {first[0]}:" if first else ""), file=sys.stderr)
-            for path in first:  # mpiexec may have ended the job before it forwarded the host's own print
+            print(f"dualjax run: a host failed (exit code {rc})", file=sys.stderr)
+            for path in failed_hosts(cfg.out):  # mpiexec may have ended the job before it forwarded the host's print
                 with open(path) as f:
-                    print(f.read(), file=sys.stderr)
+                    print(f"{path}:\n{f.read()}", file=sys.stderr)
         return rc  # on success rank 0 printed the summary
     print(summary_line(run_embedded(cfg, progress=not args.quiet)))
     return 0

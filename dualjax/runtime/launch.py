@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,7 +131,9 @@ def clear_failures(out: str) -> None:
 
 def failed_hosts(out: str) -> list[str]:
     """The tracebacks failing hosts left in run directory `out` (`failed-rank<r>.txt`), rank order."""
-    return sorted(glob.glob(os.path.join(out, "failed-rank*.txt")), key=lambda p: int(p.rsplit("rank", 1)[1][:-4]))
+    ranks = {int(m.group(1)): p for p in glob.glob(os.path.join(glob.escape(out), "failed-rank*.txt"))
+             if (m := re.fullmatch(r"failed-rank(\d+)\.txt", os.path.basename(p)))}
+    return [ranks[r] for r in sorted(ranks)]
 
 
 def summary_line(report: dict) -> str:
