@@ -7,6 +7,7 @@ the store's public methods."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import mmap
 import os
 
@@ -68,7 +69,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
         try:
             mapped = map_file(fd) if whole else None
             if mapped is not None:
-                done, items = _copy_mapped(mapped, layout, S, data_offset, out, items)
+                done, items = _copy_mapped(fd, mapped, layout, S, data_offset, out, items)
                 failed.update(done)
                 if not items:
                     continue
@@ -88,13 +89,21 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     return failed
 
 
-def _copy_mapped(m: mmap.mmap, layout, S: int, data_offset: int, out: np.ndarray, items: list) -> tuple[dict, list]:
+def _copy_mapped(fd: int, m: mmap.mmap, layout, S: int, data_offset: int, out: np.ndarray,
+                 items: list) -> tuple[dict, list]:
     """Copy whole blocks `items` out of their segment file's mapping `m` into their rows of `out`,
     at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in cache. Returns
     ({slot: why} for checksum mismatches, the items from the first one the mapping cannot serve,
     past the file's end or with a page that would not read, left to `preadv`)."""
     failed: dict[int, str] = {}
     per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
+    first = data_offset + items[0][0] % S * layout.block_bytes
+    with contextlib.suppress(OSError, ValueError):  # a cold read: start the disk on every block, copy as they come
+        try:
+            os.preadv(fd, [bytearray(1)], first, os.RWF_NOWAIT)  # in the page cache? (asking costs less than advice)
+        except BlockingIOError:
+            m.madvise(mmap.MADV_WILLNEED, first - first % mmap.PAGESIZE,
+                      first % mmap.PAGESIZE + (items[-1][0] - items[0][0] + 1) * layout.block_bytes)
     for k, (slot, row, sums) in enumerate(items):
         start = data_offset + slot % S * layout.block_bytes
         try:
