@@ -5,9 +5,9 @@ makes their blocks visible, reads index entries and blocks, and deletes. On a lo
 uses plain file I/O (a temp file allocated at its final size and written with one `pwritev` by a
 writer thread, renamed into place; `index/<hash>` a hard link to it; blocks copied out of the
 files' read-only mappings, or `preadv`ed, straight into the caller's buffer on reader threads that
-verify each Layer Block as it lands); on any
-other TensorStore kvstore, TensorStore reads and writes. What names mean, which blocks are
-recent, pinned or over budget is `BlockStore`'s (kvstore/store.py).
+verify each Layer Block as it lands); on any other TensorStore kvstore, TensorStore reads and
+writes. What names mean, which blocks are recent, pinned or over budget is `BlockStore`'s
+(kvstore/store.py).
 """
 
 from __future__ import annotations
@@ -199,9 +199,8 @@ class SegmentFiles:
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
         `out` (whole blocks from mappings of their segment files, layers by `preadv`) and checks
-        their checksums (its
-        future gives {slot: why} for blocks that failed); elsewhere one TensorStore read (its
-        future raises when any block failed; the caller checks checksums)."""
+        their checksums (its future gives {slot: why} for blocks that failed); elsewhere one
+        TensorStore read (its future raises when any block failed; the caller checks checksums)."""
         if not self.preads(out):
             dst = ts.array(out, copy=False)
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]

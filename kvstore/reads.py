@@ -29,14 +29,15 @@ def map_file(fd: int) -> mmap.mmap | None:
     view of it goes); None for an empty file or one that cannot be mapped.
 
     Why whole blocks are copied out of it: the kernel's copy out of the page cache (`preadv`)
-    leaves the bytes out of this core's cache, so verifying them costs a second pass over memory; a
-    copy out of a mapping in pieces of `COPY_BYTES` leaves each piece in cache for its checksum
-    (16 MiB blocks, in one process alternating: 0.84 of the raw read, against 0.66 with `preadv`). A layer's read
-    keeps `preadv`: one Layer Block per block, mapped it was no faster. Each block's pages are
-    faulted in first with `MADV_POPULATE_READ`, which reports a page past the file's end or one
-    that cannot be read as an error (the block then goes to `preadv`, which says why) instead of
-    SIGBUS. What remains is a file truncated in place during the copy of one block; the store
-    only ever empties in place a file whose entry cannot be read (docs/store.md)."""
+    leaves the bytes out of this core's cache, so verifying them costs a second pass over memory;
+    a copy out of a mapping in pieces of `COPY_BYTES` leaves each piece in cache for its checksum
+    (16 MiB blocks, in one process, alternating: 0.84 of the raw read, against 0.66 with
+    `preadv`). A layer's read keeps `preadv`: one Layer Block per block, mapped it was no faster.
+    Each block's pages are faulted in first with `MADV_POPULATE_READ`, which reports a page past
+    the file's end or one that cannot be read as an error (the block then goes to `preadv`, which
+    says why) instead of SIGBUS. What remains is a file truncated in place during the copy of one
+    block; the store only ever empties in place a file whose entry cannot be read
+    (docs/store.md)."""
     size = os.fstat(fd).st_size
     if size == 0:
         return None
@@ -52,8 +53,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
     and check each Layer Block read against its checksum: whole blocks copied out of a mapping of
     the file (`map_file`), layers and whatever the mapping cannot serve (a short file, a page that
-    would not read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
-    that failed (missing file, short file, I/O error, checksum mismatch)."""
+    would not read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns
+    {slot: why} for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
