@@ -7,7 +7,6 @@ the store's public methods."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import mmap
 import os
 
@@ -92,19 +91,19 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
 
 def _copy_mapped(fd: int, m: mmap.mmap, layout, S: int, data_offset: int, out: np.ndarray,
                  items: list) -> tuple[dict, list]:
-    """Copy whole blocks `items` out of their segment file's mapping `m` into their rows of `out`,
-    at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in cache. Returns
-    ({slot: why} for checksum mismatches, the items from the first one the mapping cannot serve,
-    past the file's end or with a page that would not read, left to `preadv`)."""
+    """Copy whole blocks `items` out of their segment file's mapping `m` (open as `fd`) into their
+    rows of `out`, at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in
+    cache. Returns ({slot: why} for checksum mismatches, the items left to `preadv`: all of them
+    when the first is not in the page cache, else those from the first one the mapping cannot
+    serve, past the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
     per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
-    first = data_offset + items[0][0] % S * layout.block_bytes
-    with contextlib.suppress(OSError, ValueError):  # a cold read: start the disk on every block, copy as they come
-        try:
-            os.preadv(fd, [bytearray(1)], first, os.RWF_NOWAIT)  # in the page cache? (asking costs less than advice)
-        except BlockingIOError:
-            m.madvise(mmap.MADV_WILLNEED, first - first % mmap.PAGESIZE,
-                      first % mmap.PAGESIZE + (items[-1][0] - items[0][0] + 1) * layout.block_bytes)
+    try:  # a cold read (its first block not in the page cache) goes to preadv, whose large reads the disk serves best
+        os.preadv(fd, [bytearray(1)], data_offset + items[0][0] % S * layout.block_bytes, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return failed, items
+    except OSError:
+        pass
     for k, (slot, row, sums) in enumerate(items):
         start = data_offset + slot % S * layout.block_bytes
         try:
