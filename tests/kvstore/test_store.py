@@ -213,13 +213,15 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
 
 def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_preadv(tmp_path, store, monkeypatch):
     """Whole blocks are copied out of a mapping of their segment file (no `preadv`), checked as they
-    land; a layer's read takes `preadv`; a block past a truncated file's end goes to `preadv`,
-    which finds it short: a miss, not SIGBUS."""
-    calls, real = [], os.preadv
+    land; a cold read, a layer's read and a block past a truncated file's end take `preadv` (which
+    finds the last short: a miss, not SIGBUS)."""
+    calls, real, cold = [], os.preadv, [False]
 
-    def preadv(fd, bufs, *a):  # a one-byte read asks whether a block is in the page cache
+    def preadv(fd, bufs, *a):  # a one-byte RWF_NOWAIT read asks whether a block is in the page cache
         if sum(memoryview(b).nbytes for b in bufs) > 1:
             calls.append(fd)
+        elif cold[0]:
+            raise BlockingIOError(11, "not in the page cache (pretended)")
         return real(fd, bufs, *a)
     monkeypatch.setattr(kv.reads.os, "preadv", preadv)
     ids, blocks = _chain(3), _blocks(3)
@@ -227,6 +229,11 @@ def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_pre
     hashes = [b.hash for b in ids]
     np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
     assert not calls
+    cold[0] = True
+    np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
+    assert calls  # a cold read takes preadv
+    cold[0] = False
+    calls.clear()
     out = np.zeros_like(blocks)
     assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
