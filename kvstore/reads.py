@@ -67,9 +67,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
         try:
-            mapped = map_file(fd) if whole else None
-            if mapped is not None:
-                done, items = _copy_mapped(fd, mapped, layout, S, data_offset, out, items)
+            if whole:
+                done, items = _copy_mapped(fd, layout, S, data_offset, out, items)
                 failed.update(done)
                 if not items:
                     continue
@@ -89,21 +88,23 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     return failed
 
 
-def _copy_mapped(fd: int, m: mmap.mmap, layout, S: int, data_offset: int, out: np.ndarray,
-                 items: list) -> tuple[dict, list]:
-    """Copy whole blocks `items` out of their segment file's mapping `m` (open as `fd`) into their
+def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, items: list) -> tuple[dict, list]:
+    """Copy whole blocks `items` out of a mapping of their segment file (open as `fd`) into their
     rows of `out`, at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in
     cache. Returns ({slot: why} for checksum mismatches, the items left to `preadv`: all of them
-    when the first is not in the page cache, else those from the first one the mapping cannot
-    serve, past the file's end or with a page that would not read)."""
+    when the first is not in the page cache or the file cannot be mapped, else those from the
+    first one the mapping cannot serve, past the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
-    per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
     try:  # a cold read (its first block not in the page cache) goes to preadv, whose large reads the disk serves best
         os.preadv(fd, [bytearray(1)], data_offset + items[0][0] % S * layout.block_bytes, os.RWF_NOWAIT)
     except BlockingIOError:
         return failed, items
     except OSError:
         pass
+    m = map_file(fd)
+    if m is None:
+        return failed, items
+    per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
     for k, (slot, row, sums) in enumerate(items):
         start = data_offset + slot % S * layout.block_bytes
         try:
