@@ -21,6 +21,7 @@ VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a
 COPY_BYTES = 512 << 10  # bytes copied out of a mapping at a time at most, then verified while in cache
 READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: an error, not SIGBUS
+RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # Linux: a read that would wait for the disk fails instead
 
 
 def map_file(fd: int) -> mmap.mmap | None:
@@ -96,7 +97,7 @@ def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, ite
     first one the mapping cannot serve, past the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
     try:  # a cold read (its first block not in the page cache) goes to preadv, whose large reads the disk serves best
-        os.preadv(fd, [bytearray(1)], data_offset + items[0][0] % S * layout.block_bytes, os.RWF_NOWAIT)
+        os.preadv(fd, [bytearray(1)], data_offset + items[0][0] % S * layout.block_bytes, RWF_NOWAIT)
     except BlockingIOError:
         return failed, items
     except OSError:
