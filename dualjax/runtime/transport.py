@@ -175,8 +175,9 @@ class MpiTransport(Transport):
 
     def _backlog(self) -> int:
         """Bulk messages queued and not yet fully handed to MPI: the one being started or chunked
-        counts (the caller holds the lock)."""
-        return len(self._kv) + (bool(self._active) or self._starting) + (0 if self.priority else len(self._ctrl))
+        counts, control messages do not, on either lane (the caller holds the lock)."""
+        queued = len(self._kv) if self.priority else sum(getattr(m, "bulk", False) for _, m in self._ctrl)
+        return queued + (bool(self._active) or self._starting)
 
     def wait_backlog(self, limit: int) -> None:
         """Block until fewer than `limit` bulk messages are queued, woken by the progress thread as
