@@ -53,7 +53,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
     and check each Layer Block read against its checksum: whole blocks copied out of a mapping of
     the file (`map_file`), layers and whatever the mapping cannot serve (a short file, a page that
-    would not read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns
+    would not read, blocks not in the page cache: announced to the kernel first, run by run) with
+    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns
     {slot: why} for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
@@ -82,6 +83,10 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
+            if whole and hasattr(os, "posix_fadvise"):  # not in the page cache: the disk gets every run at once
+                for run in runs:
+                    os.posix_fadvise(fd, data_offset + run[0][0] % S * layout.block_bytes,
+                                     len(run) * layout.block_bytes, os.POSIX_FADV_WILLNEED)
             for run in runs:
                 failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel))
         finally:
