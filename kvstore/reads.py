@@ -47,6 +47,28 @@ def map_file(fd: int) -> mmap.mmap | None:
         return None
 
 
+def _cached(fd: int, offset: int) -> bool:
+    """Whether the byte at `offset` of `fd` is in the page cache: a one-byte read that fails rather
+    than wait for the disk (`RWF_NOWAIT`; where the platform has none, everything counts as cached,
+    as does a file this read cannot tell about). Its miss starts the kernel's readahead."""
+    try:
+        os.preadv(fd, [bytearray(1)], offset, RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _will_need(fd: int, ranges) -> None:
+    """Tell the kernel every (offset, length) of `ranges` is about to be read, so the disk gets
+    them all at once (`posix_fadvise(WILLNEED)`: asynchronous readahead) rather than one `preadv`
+    after another."""
+    if hasattr(os, "posix_fadvise"):
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
                sel: slice) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
@@ -83,10 +105,9 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
-            if whole and hasattr(os, "posix_fadvise"):  # not in the page cache: the disk gets every run at once
-                for run in runs:
-                    os.posix_fadvise(fd, data_offset + run[0][0] % S * layout.block_bytes,
-                                     len(run) * layout.block_bytes, os.POSIX_FADV_WILLNEED)
+            if whole:  # not in the page cache
+                _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
+                                for run in runs])
             for run in runs:
                 failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel))
         finally:
@@ -101,12 +122,8 @@ def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, ite
     when the first is not in the page cache or the file cannot be mapped, else those from the
     first one the mapping cannot serve, past the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
-    try:  # a cold read (its first block not in the page cache) goes to preadv, whose large reads the disk serves best
-        os.preadv(fd, [bytearray(1)], data_offset + items[0][0] % S * layout.block_bytes, RWF_NOWAIT)
-    except BlockingIOError:
-        return failed, items
-    except OSError:
-        pass
+    if not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):  # cold: preadv, whose large reads
+        return failed, items  # the disk serves best
     m = map_file(fd)
     if m is None:
         return failed, items
@@ -132,9 +149,13 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
                  layer: int) -> dict[int, str]:
     """Layer `layer` of each block of `items` into its row, one `preadv` and one checksum per block:
     the per-block work of `_pread_run` without its generality, since a layer-major read makes one
-    call per Layer Block (Python per call was most of such a read's cost beyond the copy)."""
+    call per Layer Block (Python per call was most of such a read's cost beyond the copy). When the
+    first is not in the page cache, every Layer Block is announced to the kernel first, so the disk
+    reads them all at once instead of one at a time."""
     failed: dict[int, str] = {}
     rows, L, lb = out[:, layer].view(np.uint8), layout.n_layers, layout.layer_bytes  # rows: contiguous Layer Blocks
+    if not _cached(fd, data_offset + (items[0][0] % S * L + layer) * lb):
+        _will_need(fd, [(data_offset + (slot % S * L + layer) * lb, lb) for slot, _, _ in items])
     for slot, row, sums in items:
         dst = rows[row]
         try:

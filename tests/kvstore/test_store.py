@@ -213,8 +213,8 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
 
 def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_preadv(tmp_path, store, monkeypatch):
     """Whole blocks are copied out of a mapping of their segment file (no `preadv`), checked as they
-    land; a cold read, a layer's read and a block past a truncated file's end take `preadv` (which
-    finds the last short: a miss, not SIGBUS)."""
+    land; a cold read (its ranges announced to the kernel first), a layer's read and a block past a
+    truncated file's end take `preadv` (which finds the last short: a miss, not SIGBUS)."""
     calls, real, cold = [], os.preadv, [False]
 
     def preadv(fd, bufs, *a):  # a one-byte RWF_NOWAIT read asks whether a block is in the page cache
@@ -229,15 +229,30 @@ def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_pre
     hashes = [b.hash for b in ids]
     np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
     assert not calls
+    advised = []
+    monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
+        (offset, length, advice)))
     cold[0] = True
     np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
-    assert calls  # a cold read takes preadv
-    cold[0] = False
-    calls.clear()
+    assert calls  # a cold read takes preadv, the disk told about the whole run of blocks first
+    _, first = _block_in_file(tmp_path, store, ids[0].hash)
+    spans = sorted(advised)  # one per run of consecutive blocks in a read task (`get` gives both threads some)
+    assert {a for _, _, a in spans} == {os.POSIX_FADV_WILLNEED} and spans[0][0] == first and \
+        all(o + n == next_o for (o, n, _), (next_o, _, _) in zip(spans, spans[1:])) and \
+        spans[-1][0] + spans[-1][1] == first + 3 * LAYOUT.block_bytes
+    advised.clear()
     out = np.zeros_like(blocks)
     assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
+    np.testing.assert_array_equal(out[:, 1], blocks[:, 1])  # a cold layer: about every Layer Block at once
+    assert sorted(advised) == [(first + b * LAYOUT.block_bytes + LAYOUT.layer_bytes, LAYOUT.layer_bytes,
+                                os.POSIX_FADV_WILLNEED) for b in range(3)]
+    cold[0] = False
+    calls.clear()
+    advised.clear()
+    out[:] = 0
+    assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
-    assert calls and not out[:, 0].any()
+    assert calls and not out[:, 0].any() and not advised  # a layer in the page cache: preadv, no advice
     path, offset = _block_in_file(tmp_path, store, ids[2].hash)
     with open(path, "r+b") as f:  # in place: same file, same size
         f.seek(offset + LAYOUT.layer_bytes + 5)
