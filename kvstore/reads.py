@@ -149,13 +149,9 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
                  layer: int) -> dict[int, str]:
     """Layer `layer` of each block of `items` into its row, one `preadv` and one checksum per block:
     the per-block work of `_pread_run` without its generality, since a layer-major read makes one
-    call per Layer Block (Python per call was most of such a read's cost beyond the copy). When the
-    first is not in the page cache, every Layer Block is announced to the kernel first, so the disk
-    reads them all at once instead of one at a time."""
+    call per Layer Block (Python per call was most of such a read's cost beyond the copy)."""
     failed: dict[int, str] = {}
     rows, L, lb = out[:, layer].view(np.uint8), layout.n_layers, layout.layer_bytes  # rows: contiguous Layer Blocks
-    if not _cached(fd, data_offset + (items[0][0] % S * L + layer) * lb):
-        _will_need(fd, [(data_offset + (slot % S * L + layer) * lb, lb) for slot, _, _ in items])
     for slot, row, sums in items:
         dst = rows[row]
         try:
