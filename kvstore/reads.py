@@ -76,8 +76,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     and check each Layer Block read against its checksum: whole blocks copied out of a mapping of
     the file (`map_file`), layers and whatever the mapping cannot serve (a short file, a page that
     would not read, blocks not in the page cache: announced to the kernel first, run by run) with
-    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns
-    {slot: why} for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
+    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
+    that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
@@ -122,8 +122,8 @@ def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, ite
     when the first is not in the page cache or the file cannot be mapped, else those from the
     first one the mapping cannot serve, past the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
-    if not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):  # cold: preadv, whose large reads
-        return failed, items  # the disk serves best
+    if not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):
+        return failed, items  # cold: to preadv, whose large reads the disk serves best
     m = map_file(fd)
     if m is None:
         return failed, items
