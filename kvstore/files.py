@@ -198,7 +198,8 @@ class SegmentFiles:
         """Start reading the blocks of `entries` [(slot, layer checksums)] (layers `sel`) into rows
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
-        `out` (whole blocks from mappings of their segment files, layers by `preadv`) and checks
+        `out` (whole blocks in the page cache from mappings of their segment files; layers, and
+        whole blocks not in it, by `preadv`, the latter announced to the kernel first) and checks
         their checksums (its future gives {slot: why} for blocks that failed); elsewhere one
         TensorStore read (its future raises when any block failed; the caller checks checksums)."""
         if not self.preads(out):

@@ -61,22 +61,26 @@ def _cached(fd: int, offset: int) -> bool:
 
 
 def _will_need(fd: int, ranges) -> None:
-    """Tell the kernel every (offset, length) of `ranges` is about to be read, so the disk gets
-    them all at once (`posix_fadvise(WILLNEED)`: asynchronous readahead) rather than one `preadv`
-    after another."""
+    """Tell the kernel every (offset, length) of `ranges` is about to be read
+    (`posix_fadvise(WILLNEED)`): it starts reading them ahead at once (Linux: up to the larger of
+    the device's readahead and its largest request per call), so the disk is not left idle between
+    one `preadv` and the next. Only advice: where the platform or file cannot take it, nothing."""
     if hasattr(os, "posix_fadvise"):
         for offset, length in ranges:
-            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            try:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
 
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
                sel: slice) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
-    and check each Layer Block read against its checksum: whole blocks copied out of a mapping of
-    the file (`map_file`), layers and whatever the mapping cannot serve (a short file, a page that
-    would not read, blocks not in the page cache: announced to the kernel first, run by run) with
-    `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
+    and check each Layer Block read against its checksum: whole blocks in the page cache copied out
+    of a mapping of the file (`map_file`); whole blocks not in it (announced to the kernel first,
+    run by run), layers, and whatever the mapping cannot serve (a short file, a page that would not
+    read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
     that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
@@ -91,7 +95,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
         try:
-            if whole:
+            cold = whole and not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes)
+            if whole and not cold:
                 done, items = _copy_mapped(fd, layout, S, data_offset, out, items)
                 failed.update(done)
                 if not items:
@@ -105,7 +110,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
-            if whole:  # not in the page cache
+            if cold:  # to preadv, whose large reads the disk serves best, each run started at once
                 _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
                                 for run in runs])
             for run in runs:
@@ -119,11 +124,9 @@ def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, ite
     """Copy whole blocks `items` out of a mapping of their segment file (open as `fd`) into their
     rows of `out`, at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in
     cache. Returns ({slot: why} for checksum mismatches, the items left to `preadv`: all of them
-    when the first is not in the page cache or the file cannot be mapped, else those from the
-    first one the mapping cannot serve, past the file's end or with a page that would not read)."""
+    when the file cannot be mapped, else those from the first one the mapping cannot serve, past
+    the file's end or with a page that would not read)."""
     failed: dict[int, str] = {}
-    if not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):
-        return failed, items  # cold: to preadv, whose large reads the disk serves best
     m = map_file(fd)
     if m is None:
         return failed, items

@@ -9,7 +9,8 @@ checksum-verified, versus a plain read of one file with the
 same bytes by `preadv` into a reused buffer with as many threads as the store reads with (and, for
 comparison, `numpy.fromfile`, and with XXH3 over each Layer Block as it lands: the checksum's own
 cost); both from the page cache after a warm-up, and both cold (their files
-dropped from the page cache before each read), in interleaved trials (median). Writes at equal
+dropped from the page cache before each read; the store's `get` and its storage NIC's layer-major
+read, each against the same raw cold reads), in interleaved trials (median). Writes at equal
 durability: `BlockStore.put` of 8 blocks at a time (one segment file per put, its index entry
 inside; each block visible atomically, only once complete) versus `tofile` to a temp file and a
 rename, with no fsync on either side, and with fsync on both. Cap: reads through a capped
@@ -118,8 +119,8 @@ def _raw_write(path, data: np.ndarray, sync: bool) -> tuple[float, float]:
 
 def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
     """Interleaved store/raw read trials on `n` blocks of `layout` (page cache, after warm-up; then
-    cold), no new warm trial once `budget_s` has passed nor cold one once half of it has (at least
-    two of each)."""
+    cold: a `get` and a storage NIC's layer-major read), no new warm trial once `budget_s` has
+    passed nor cold one once half of it has (at least two of each)."""
     tag = layout.fingerprint()[:8]
     store_dir = os.path.join(workdir, f"read-{tag}")
     with kv.BlockStore(kv.local_spec(store_dir), layout) as store:

@@ -280,7 +280,8 @@ class MpiTransport(Transport):
             elif not self.priority and self._ctrl and not self._active:
                 ctrl = [self._ctrl.popleft()]
             start = self._kv.popleft() if self.priority and self._kv and not self._active else None
-            handed = start is not None or not self.priority and bool(ctrl)  # the backlog drops once posted
+            # a bulk message counts in the backlog until posted (KV: until its pieces are queued)
+            handed = start is not None or not self.priority and bool(ctrl) and getattr(ctrl[0][1], "bulk", False)
             self._starting = handed
         moved = bool(ctrl)
         for dst, msg in ctrl:

@@ -242,6 +242,7 @@ def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_pre
         spans[-1][0] + spans[-1][1] == first + 3 * LAYOUT.block_bytes
     cold[0] = False
     calls.clear()
+    advised.clear()
     out = np.zeros_like(blocks)
     assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
@@ -264,6 +265,7 @@ def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_pre
     got = [r.result() for r in store.get([b.hash for b in ids])]
     np.testing.assert_array_equal(got[0], blocks[0])
     assert got[1] is None and got[2] is None and calls  # the mapping served block 0; preadv found the cut
+    assert not advised  # only cold reads are announced
 
 
 def test_failed_put_raises_and_keeps_visible_blocks_intact(tmp_path, store):
