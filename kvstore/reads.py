@@ -73,6 +73,15 @@ def _will_need(fd: int, ranges) -> None:
                 return
 
 
+def _mismatch(block: np.ndarray, sums, layers: range) -> str | None:
+    """Why Full Block `block` (a row of a caller's buffer) is bad: its first Layer Block among
+    `layers` that does not match its checksum in `sums`; None when all do."""
+    for layer in layers:
+        if xxhash.xxh3_64_intdigest(block[layer]) != sums[layer]:
+            return f"checksum mismatch in layer {layer}"
+    return None
+
+
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
                sel: slice) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
@@ -80,8 +89,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     and check each Layer Block read against its checksum: whole blocks in the page cache copied out
     of a mapping of the file (`map_file`); whole blocks not in it (announced to the kernel first,
     run by run), layers, and whatever the mapping cannot serve (a short file, a page that would not
-    read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks
-    that failed (missing file, short file, I/O error, checksum mismatch)."""
+    read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why}
+    for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
@@ -141,9 +150,9 @@ def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, ite
         dst = out[row]
         for p in range(0, layout.n_layers, per):
             np.copyto(dst[p:p + per], src[p:p + per])
-            bad = [i for i in range(p, min(p + per, layout.n_layers)) if xxhash.xxh3_64_intdigest(dst[i]) != sums[i]]
-            if bad:
-                failed[slot] = f"checksum mismatch in layer {bad[0]}"
+            why = _mismatch(dst, sums, range(p, min(p + per, layout.n_layers)))
+            if why:
+                failed[slot] = why
                 break
     return failed, []
 
@@ -189,11 +198,10 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
             got = os.preadv(fd, iov, offset + c * views[0].nbytes) // views[0].nbytes
         except OSError as e:
             return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c:]}
-        for (slot, _, sums), view in zip(run[c:c + got], chunk):
-            bad = [sel.start + i for i, layer in enumerate(view)
-                   if xxhash.xxh3_64_intdigest(layer) != sums[sel.start + i]]
-            if bad:
-                failed[slot] = f"checksum mismatch in layer {bad[0]}"
+        for slot, row, sums in run[c:c + got]:
+            why = _mismatch(out[row], sums, range(sel.start, sel.stop))
+            if why:
+                failed[slot] = why
         if got < len(chunk):
             return failed | {slot: f"{path} is truncated" for slot, _, _ in run[c + got:]}
     return failed
@@ -339,9 +347,9 @@ class BlockRead:
                 return self._bad(str(e).splitlines()[0][:200])
         if failed is not None and slot in failed:
             return self._bad(failed[slot])
-        for layer in self.layers if failed is None else ():
-            if xxhash.xxh3_64_intdigest(self.row[layer]) != sums[layer]:
-                return self._bad(f"checksum mismatch in layer {layer}")
+        why = _mismatch(self.row, sums, self.layers) if failed is None else None
+        if why:
+            return self._bad(why)
         counters["layer_blocks_read"] += len(self.layers)
         counters["bytes_read"] += self.row[0].nbytes * len(self.layers)
         if self.layers.stop == self.store.layout.n_layers:  # a block counts once, at its last layer
