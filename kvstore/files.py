@@ -3,11 +3,10 @@
 `SegmentFiles` does the I/O of `BlockStore` and nothing else: it writes a put's segment files and
 makes their blocks visible, reads index entries and blocks, and deletes. On a local directory it
 uses plain file I/O (a temp file allocated at its final size and written with one `pwritev` by a
-writer thread, renamed into place; `index/<hash>` a hard link to it; blocks copied out of the
-files' read-only mappings, or `preadv`ed, straight into the caller's buffer on reader threads that
-verify each Layer Block as it lands); on any other TensorStore kvstore, TensorStore reads and
-writes. What names mean, which blocks are recent, pinned or over budget is `BlockStore`'s
-(kvstore/store.py).
+writer thread, renamed into place; `index/<hash>` a hard link to it; blocks `preadv`ed straight
+into the caller's buffer on reader threads that verify each Layer Block as it lands); on any
+other TensorStore kvstore, TensorStore reads and writes. What names mean, which blocks are
+recent, pinned or over budget is `BlockStore`'s (kvstore/store.py).
 """
 
 from __future__ import annotations
@@ -198,8 +197,7 @@ class SegmentFiles:
         """Start reading the blocks of `entries` [(slot, layer checksums)] (layers `sel`) into rows
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
-        `out` (whole blocks in the page cache from mappings of their segment files; layers, and
-        whole blocks not in it, by `preadv`, the latter announced to the kernel first) and checks
+        `out` by `preadv` (whole blocks not in the page cache announced to the kernel first) and checks
         their checksums (its future gives {slot: why} for blocks that failed); elsewhere one
         TensorStore read (its future raises when any block failed; the caller checks checksums)."""
         if not self.preads(out):

@@ -1,13 +1,11 @@
 """Reading blocks: `get` (`BlockStore.get`: a few large reads in flight, one `BlockRead` per block,
 checked against its index entry's per-layer checksums), a storage NIC's reads of one request
-(`RequestReads`), and local segment files copied out of read-only mappings (`map_file`) or read
-with `preadv`, straight into the caller's buffer, and checked as they land (`pread_rows`). Uses only
-the store's public methods."""
+(`RequestReads`), and local segment files read with `preadv` straight into the caller's buffer and
+checked as they land (`pread_rows`). Uses only the store's public methods."""
 
 from __future__ import annotations
 
 import collections
-import mmap
 import os
 
 import numpy as np
@@ -18,33 +16,8 @@ from kvstore.hashing import check_hash
 from kvstore.segments import IOV_MAX
 
 VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
-COPY_BYTES = 512 << 10  # bytes copied out of a mapping at a time at most, then verified while in cache
 READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: an error, not SIGBUS
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # Linux: a read that would wait for the disk fails instead
-
-
-def map_file(fd: int) -> mmap.mmap | None:
-    """A read-only shared mapping of the open file `fd` for one read (unmapped when the last NumPy
-    view of it goes); None for an empty file or one that cannot be mapped.
-
-    Why whole blocks are copied out of it: the kernel's copy out of the page cache (`preadv`)
-    leaves the bytes out of this core's cache, so verifying them costs a second pass over memory;
-    a copy out of a mapping in pieces of `COPY_BYTES` leaves each piece in cache for its checksum
-    (16 MiB blocks, in one process, alternating: 0.84 of the raw read, against 0.66 with
-    `preadv`). A layer's read keeps `preadv`: one Layer Block per block, mapped it was no faster.
-    Each block's pages are faulted in first with `MADV_POPULATE_READ`, which reports a page past
-    the file's end or one that cannot be read as an error (the block then goes to `preadv`, which
-    says why) instead of SIGBUS. What remains is a file truncated in place during the copy of one
-    block; the store only ever empties in place a file whose entry cannot be read
-    (docs/store.md)."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return None
-    try:
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    except (OSError, ValueError):
-        return None
 
 
 def _cached(fd: int, offset: int) -> bool:
@@ -85,12 +58,11 @@ def _mismatch(block: np.ndarray, sums, layers: range) -> str | None:
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
                sel: slice) -> dict[int, str]:
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
-    Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out`,
-    and check each Layer Block read against its checksum: whole blocks in the page cache copied out
-    of a mapping of the file (`map_file`); whole blocks not in it (announced to the kernel first,
-    run by run), layers, and whatever the mapping cannot serve (a short file, a page that would not
-    read) with `preadv`. `entries`: (slot, per-layer checksums) in slot order. Returns {slot: why}
-    for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
+    Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out` with
+    `preadv`, and check each Layer Block read against its checksum as it lands: whole blocks of
+    consecutive slots as one run (announced to the kernel first when not in the page cache), a
+    layer one Layer Block per block. `entries`: (slot, per-layer checksums) in slot order. Returns
+    {slot: why} for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
@@ -104,12 +76,6 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
         try:
-            cold = whole and not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes)
-            if whole and not cold:
-                done, items = _copy_mapped(fd, layout, S, data_offset, out, items)
-                failed.update(done)
-                if not items:
-                    continue
             if sel.stop - sel.start == 1:  # a layer-major read: one Layer Block per block, not adjacent in the file
                 failed.update(_pread_layer(fd, path, layout, S, data_offset, out, items, sel.start))
                 continue
@@ -119,7 +85,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
-            if cold:  # to preadv, whose large reads the disk serves best, each run started at once
+            if whole and not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):  # cold: start every run
                 _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
                                 for run in runs])
             for run in runs:
@@ -127,34 +93,6 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
         finally:
             os.close(fd)
     return failed
-
-
-def _copy_mapped(fd: int, layout, S: int, data_offset: int, out: np.ndarray, items: list) -> tuple[dict, list]:
-    """Copy whole blocks `items` out of a mapping of their segment file (open as `fd`) into their
-    rows of `out`, at most `COPY_BYTES` at a time, each piece's Layer Blocks checked while still in
-    cache. Returns ({slot: why} for checksum mismatches, the items left to `preadv`: all of them
-    when the file cannot be mapped, else those from the first one the mapping cannot serve, past
-    the file's end or with a page that would not read)."""
-    failed: dict[int, str] = {}
-    m = map_file(fd)
-    if m is None:
-        return failed, items
-    per = max(1, COPY_BYTES // layout.layer_bytes)  # Layer Blocks per piece
-    for k, (slot, row, sums) in enumerate(items):
-        start = data_offset + slot % S * layout.block_bytes
-        try:
-            m.madvise(MADV_POPULATE_READ, start - start % mmap.PAGESIZE, start % mmap.PAGESIZE + layout.block_bytes)
-            src = np.ndarray(layout.full_shape, layout.np_dtype, m, start)
-        except (OSError, ValueError, TypeError):  # unreadable (OSError), past the end (ValueError, TypeError)
-            return failed, items[k:]
-        dst = out[row]
-        for p in range(0, layout.n_layers, per):
-            np.copyto(dst[p:p + per], src[p:p + per])
-            why = _mismatch(dst, sums, range(p, min(p + per, layout.n_layers)))
-            if why:
-                failed[slot] = why
-                break
-    return failed, []
 
 
 def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, items: list,
@@ -180,30 +118,33 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
 
 def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
                sel: slice) -> dict[int, str]:
-    """Consecutive blocks (layers `sel`) into their rows, a chunk of at most `VERIFY_BYTES` per
-    `preadv`, each chunk's Layer Blocks checked against their checksums right after it lands,
-    while they are still in this core's cache (a checksum pass over memory costs half a copy; over
-    cache, a fraction). Each Layer Block of `out` is contiguous; the rows need not be (a
-    layer-major buffer's are not), so the iovecs are then Layer Blocks."""
-    views = [out[row, sel] for _, row, _ in run]
-    whole_rows = views[0].flags.c_contiguous
-    per = max(1, min(VERIFY_BYTES // views[0].nbytes, IOV_MAX // (1 if whole_rows else len(views[0]))))
-    offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * layout.layer_bytes
+    """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` per `preadv` (a
+    block larger than that in several), each chunk's Layer Blocks checked against their checksums
+    right after it lands, while they are still in this core's cache (a checksum pass over memory
+    costs half a copy; over cache, a fraction). Each Layer Block of `out` is contiguous; the rows
+    need not be (a layer-major buffer's are not), so the iovecs are then Layer Blocks."""
+    n, lb = sel.stop - sel.start, layout.layer_bytes
+    contiguous = out[run[0][1]].flags.c_contiguous  # one iovec per block's share of a chunk
+    per = max(1, min(VERIFY_BYTES // lb, IOV_MAX))  # Layer Blocks per preadv
+    offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * lb
     failed: dict[int, str] = {}
-    for c in range(0, len(run), per):
-        chunk = views[c:c + per]
-        iov = [v.reshape(-1).view(np.uint8) for v in chunk] if whole_rows \
-            else [layer.reshape(-1).view(np.uint8) for v in chunk for layer in v]
+    for c in range(0, len(run) * n, per):
+        end = min(c + per, len(run) * n)
+        spans = [(k, max(c, k * n) - k * n + sel.start, min(end, k * n + n) - k * n + sel.start)
+                 for k in range(c // n, -(-end // n))]  # (block of the run, its first layer, stop)
+        iov = [out[run[k][1], a:b].reshape(-1).view(np.uint8) for k, a, b in spans] if contiguous \
+            else [out[run[k][1], layer].reshape(-1).view(np.uint8) for k, a, b in spans for layer in range(a, b)]
         try:
-            got = os.preadv(fd, iov, offset + c * views[0].nbytes) // views[0].nbytes
+            landed = c + os.preadv(fd, iov, offset + c * lb) // lb  # Layer Blocks of the run read so far
         except OSError as e:
-            return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c:]}
-        for slot, row, sums in run[c:c + got]:
-            why = _mismatch(out[row], sums, range(sel.start, sel.stop))
+            return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c // n:] if slot not in failed}
+        for k, a, b in spans:
+            slot, row, sums = run[k]
+            if k * n + b - sel.start > landed:
+                return failed | {slot: f"{path} is truncated" for slot, _, _ in run[k:] if slot not in failed}
+            why = None if slot in failed else _mismatch(out[row], sums, range(a, b))
             if why:
                 failed[slot] = why
-        if got < len(chunk):
-            return failed | {slot: f"{path} is truncated" for slot, _, _ in run[c + got:]}
     return failed
 
 

@@ -211,30 +211,33 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
     assert not os.path.exists(path) and not any(store.contains(b.hash) for b in ids)
 
 
-def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_preadv(tmp_path, store, monkeypatch):
-    """Whole blocks are copied out of a mapping of their segment file (no `preadv`), checked as they
-    land; a cold read (its ranges announced to the kernel first), a layer's read and a block past a
-    truncated file's end take `preadv` (which finds the last short: a miss, not SIGBUS)."""
+def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_path, store, monkeypatch):
+    """Every read is `preadv`s of at most `VERIFY_BYTES` (a block larger than that in several, split
+    between Layer Blocks), each Layer Block checked as it lands; a cold read first tells the kernel
+    about each run of blocks, a warm one does not; a corrupted Layer Block and a block past a
+    truncated file's end are misses."""
     calls, real, cold = [], os.preadv, [False]
 
     def preadv(fd, bufs, *a):  # a one-byte RWF_NOWAIT read asks whether a block is in the page cache
-        if sum(memoryview(b).nbytes for b in bufs) > 1:
-            calls.append(fd)
+        n = sum(memoryview(b).nbytes for b in bufs)
+        if n > 1:
+            calls.append(n)
         elif cold[0]:
             raise BlockingIOError(11, "not in the page cache (pretended)")
         return real(fd, bufs, *a)
     monkeypatch.setattr(kv.reads.os, "preadv", preadv)
+    advised = []
+    monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
+        (offset, length, advice)))
+    assert LAYOUT.n_layers == 2
+    monkeypatch.setattr(kv.reads, "VERIFY_BYTES", 3 * LAYOUT.layer_bytes)  # a call ends inside every other block
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
     hashes = [b.hash for b in ids]
     np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
-    assert not calls
-    advised = []
-    monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
-        (offset, length, advice)))
+    assert calls and max(calls) == 3 * LAYOUT.layer_bytes and not advised  # warm: nothing announced
     cold[0] = True
     np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
-    assert calls  # a cold read takes preadv, the disk told about the whole run of blocks first
     _, first = _block_in_file(tmp_path, store, ids[0].hash)
     spans = sorted(advised)  # one per run of consecutive blocks in a read task (`get` gives both threads some)
     assert {a for _, _, a in spans} == {os.POSIX_FADV_WILLNEED} and spans[0][0] == first and \
@@ -246,25 +249,24 @@ def test_whole_blocks_come_out_of_a_mapping_and_what_it_cannot_serve_goes_to_pre
     out = np.zeros_like(blocks)
     assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
-    assert calls and not out[:, 0].any()
+    assert calls == [LAYOUT.layer_bytes] * 3 and not out[:, 0].any()
     path, offset = _block_in_file(tmp_path, store, ids[2].hash)
-    with open(path, "r+b") as f:  # in place: same file, same size
-        f.seek(offset + LAYOUT.layer_bytes + 5)
+    with open(path, "r+b") as f:  # in place: same file, same size; in the block's last chunk
+        f.seek(offset + (LAYOUT.n_layers - 1) * LAYOUT.layer_bytes + 5)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    calls.clear()
     got = [r.result() for r in store.get(hashes)]
-    assert got[2] is None and store.stats()["bad_blocks"] == 1 and not calls
+    assert got[2] is None and store.stats()["bad_blocks"] == 1
     np.testing.assert_array_equal(np.stack(got[:2]), blocks[:2])
     ids, blocks = _chain(3, offset=1000), _blocks(3, seed=7)
     store.put(ids, blocks)
-    assert len(store.get_prefix([b.hash for b in ids])) == 3 and not calls  # entries known now
+    assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
     path, offset = _block_in_file(tmp_path, store, ids[1].hash)
-    os.truncate(path, offset + LAYOUT.block_bytes // 2)
+    os.truncate(path, offset + LAYOUT.block_bytes - LAYOUT.layer_bytes // 2)  # the first call's Layer Blocks are whole
     got = [r.result() for r in store.get([b.hash for b in ids])]
     np.testing.assert_array_equal(got[0], blocks[0])
-    assert got[1] is None and got[2] is None and calls  # the mapping served block 0; preadv found the cut
+    assert got[1] is None and got[2] is None
     assert not advised  # only cold reads are announced
 
 
