@@ -158,7 +158,7 @@ def get(store, hashes: list[str], out: np.ndarray | None, layers: range | None) 
     layers = range(layout.n_layers) if layers is None else layers
     want = (len(hashes), *layout.full_shape)
     if out is None:
-        out = np.empty(want, layout.np_dtype)
+        out = layout.empty(len(hashes))
     elif out.shape != want or out.dtype != layout.np_dtype:
         raise ValueError(f"get: out has shape {out.shape} {out.dtype}, expected {want} {layout.dtype}")
     store.pin(hashes)

@@ -99,7 +99,7 @@ class StorageNIC:
              tokens_per_block: int | None = None) -> ReadTicket:
         """Queue a read of `hashes` into `out` [n, L, T, *record] (allocated when None)."""
         if out is None:
-            out = np.empty((len(hashes), *store.layout.full_shape), store.layout.np_dtype)
+            out = store.layout.empty(len(hashes))
         tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
         ticket = ReadTicket(store, hashes, out, layer_major, tokens)
         with self._cond:

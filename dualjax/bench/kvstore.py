@@ -35,7 +35,7 @@ import tensorstore as ts
 import kvstore as kv
 import models
 from dualjax.bench.common import emit, parser, raw_parallel_read, trials_within
-from dualjax.runtime.buffers import RequestKV, aligned_empty
+from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
 log = logging.getLogger("dualjax.bench.kvstore")
@@ -65,10 +65,6 @@ def _since(t0: tuple[float, float]) -> tuple[float, float]:
 
 def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
-
-
-def _aligned_like(a: np.ndarray) -> np.ndarray:
-    return aligned_empty(a.nbytes).view(a.dtype).reshape(a.shape)
 
 
 def _store_read(store, hashes, rng, out, layer_major: bool = False) -> tuple[float, float]:
@@ -136,8 +132,7 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
         # The buffers reads land in, allocated once and page-aligned as the runtime's are (until
         # 2026-12-02 both came from NumPy, 16 bytes past a page: a kernel copy into that runs at a
         # fraction of its speed on some CPUs, docs/store.md).
-        out = _aligned_like(blocks)
-        raw_buf = _aligned_like(blocks)
+        out, raw_buf = layout.empty(n), layout.empty(n)
         threads = kv.BlockStore.READER_THREADS
         rkv, nic = RequestKV(layout, n * layout.block_tokens), kv.StorageNIC("bench")
         _store_read(store, hashes, rng, out), _store_read(store, hashes, rng, out, True)  # warm-up
@@ -252,7 +247,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
     read, then timed reads, none new once its share of `budget_s` has passed, at least one)."""
     blocks = np.random.default_rng(3).standard_normal((n, *layout.full_shape)).astype(layout.np_dtype)
     ctx = ts.Context({"file_io_sync": False})
-    out, buf = {}, _aligned_like(blocks)
+    out, buf = {}, layout.empty(n)
     zarr3 = {"zarr3_no_checksum": (False, False), "zarr3_crc32c": (True, False),
              "zarr3_sharded_layer_chunks_crc32c": (True, True)}
     tag = os.path.join(workdir, f"fmt-{layout.fingerprint()[:8]}")

@@ -17,25 +17,11 @@ import threading
 import numpy as np
 
 from dualjax.core.config import ConfigError
+from kvstore.layout import ALIGN, aligned_empty, aligned_view
 
 
 class BufferTooSmall(ConfigError):
     """A buffer budget smaller than one request: the message says which flag to raise."""
-
-
-ALIGN = 4096  # bytes: a page (XLA's CPU client aliases host arrays aligned to 64 bytes)
-
-
-def aligned_empty(nbytes: int, zero: bool = False) -> np.ndarray:
-    """A uint8 array of `nbytes` starting on an `ALIGN` boundary (a view of an over-allocated owner,
-    which every view of it keeps alive). `zero`: zero-filled (calloc: free until touched)."""
-    owner = (np.zeros if zero else np.empty)(nbytes + ALIGN, np.uint8)
-    return _aligned_view(owner, nbytes)
-
-
-def _aligned_view(owner: np.ndarray, nbytes: int) -> np.ndarray:
-    start = -owner.ctypes.data % ALIGN
-    return owner[start:start + nbytes]
 
 
 class HostBuffer:
@@ -97,13 +83,13 @@ class BufferPool:
             for owner in owners:
                 if sys.getrefcount(owner) <= _FREE_REFS:  # the list, the loop variable, getrefcount's argument
                     self.hits += 1
-                    return _aligned_view(owner, nbytes)
+                    return aligned_view(owner, nbytes)
             self.misses += 1
             owner = np.empty(size + ALIGN, np.uint8)
             if self.pooled + size <= self.keep_bytes:
                 owners.append(owner)
                 self.pooled += size
-            return _aligned_view(owner, nbytes)
+            return aligned_view(owner, nbytes)
 
     def copy(self, a: np.ndarray) -> np.ndarray:
         """`a` copied into a pooled buffer (same shape and dtype, C order)."""

@@ -73,6 +73,7 @@ def test_missing_block_ends_the_run(filled, layer_major):
     absent = _chain(1, offset=999)[0].hash
     ticket = nic.read(store, [ids[0].hash, ids[1].hash, absent, ids[3].hash], layer_major=layer_major)
     assert ticket.wait() == 2 and nic.read_queue() == (0, 0)
+    assert ticket.out.ctypes.data % kv.layout.ALIGN == 0  # allocated page-aligned, as `get` allocates
     nic.close()
     with pytest.raises(RuntimeError, match="h2 is closed"):  # not a read that waits forever
         nic.read(store, [ids[0].hash])
