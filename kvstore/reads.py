@@ -60,9 +60,10 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out` with
     `preadv`, and check each Layer Block read against its checksum as it lands: whole blocks of
-    consecutive slots as one run (announced to the kernel first when not in the page cache), a
-    layer one Layer Block per block. `entries`: (slot, per-layer checksums) in slot order. Returns
-    {slot: why} for blocks that failed (missing file, short file, I/O error, checksum mismatch)."""
+    consecutive slots as one run (announced to the kernel first when not in the page cache), some
+    of a block's layers as a run of their own, one layer one Layer Block per block. `entries`:
+    (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks that failed (missing
+    file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
     for (slot, sums), row in zip(entries, rows):
@@ -118,11 +119,12 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
 
 def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
                sel: slice) -> dict[int, str]:
-    """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` per `preadv` (a
-    block larger than that in several), each chunk's Layer Blocks checked against their checksums
-    right after it lands, while they are still in this core's cache (a checksum pass over memory
-    costs half a copy; over cache, a fraction). Each Layer Block of `out` is contiguous; the rows
-    need not be (a layer-major buffer's are not), so the iovecs are then Layer Blocks."""
+    """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` (or one Layer Block,
+    if larger) per `preadv`, so a block larger than that takes several; each chunk's Layer Blocks
+    checked against their checksums right after it lands, while they are still in this core's
+    cache (a checksum pass over memory costs half a copy; over cache, a fraction). Each Layer Block
+    of `out` is contiguous; the rows need not be (a layer-major buffer's are not), so the iovecs
+    are then Layer Blocks."""
     n, lb = sel.stop - sel.start, layout.layer_bytes
     contiguous = out[run[0][1]].flags.c_contiguous  # one iovec per block's share of a chunk
     per = max(1, min(VERIFY_BYTES // lb, IOV_MAX))  # Layer Blocks per preadv
