@@ -74,3 +74,32 @@ def plot_compare(path: str, runs: list[tuple[str, dict, np.ndarray]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_dataplane(path: str, result: dict) -> None:
+    """`bench dataplane`'s breakdown: per run (embedded, mpiexec) and path (PE, DE), the path's time
+    as the raw read, the store's shortfall and what the data plane adds, with the path's bound and
+    its first layer's arrival marked."""
+    rows = [(f"{name} {p.upper()} path", result[run]["stages"][p])
+            for run, name in (("embedded", "embedded"), ("mpi", "mpiexec")) if run in result for p in ("pe", "de")]
+    parts = (("raw_read_s", "raw read (same bytes)", "tab:gray"),
+             ("store_over_raw_s", "store read beyond raw", "tab:blue"),
+             ("dataplane_over_store_s", "data plane beyond the store read", "tab:orange"))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 2.2))
+    y = np.arange(len(rows))[::-1]
+    left = np.zeros(len(rows))
+    for key, label, color in parts:
+        w = np.array([max(s[key], 0.0) for _, s in rows]) * 1e3
+        ax.barh(y, w, left=left, color=color, label=label)
+        left += w
+    ax.scatter([s["bound_s"] * 1e3 for _, s in rows], y, marker="|", s=400, color="black",
+               label="bound (stages overlapped)")
+    ax.scatter([s["first_layer_s"] * 1e3 for _, s in rows], y, marker="v", color="tab:green", label="first layer in")
+    ax.set_yticks(y, [name for name, _ in rows])
+    ax.set(xlabel="ms for the same bytes", title=f"where the data plane's time goes: {result['requests']} requests x "
+           f"{result['hit_tokens_per_request']} hit tokens, {result['layout'].split(' [')[0]}")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,7 +1,7 @@
 """The data plane end to end, uncapped: hit-KV bytes per second each read path delivers into the
 prefill computation, against a raw read of the same bytes from the same disk in the same run.
 
-    dualjax bench dataplane --json FILE [--quick] [--embedded-only]
+    dualjax bench dataplane --json FILE [--plot PNG] [--quick] [--embedded-only]
 
 No storage-NIC cap and no model compute (the "computation" takes each layer as a device array and
 does nothing else), so what is measured is the runtime's own data movement:
@@ -311,6 +311,7 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--embedded-only", action="store_true", help="skip the mpiexec run")
+    p.add_argument("--plot", metavar="PNG", help="also draw where each path's time goes (per run and path) to PNG")
     p.add_argument("--under-mpi", nargs=2, metavar=("OUT", "DIR"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     requests, hit_tokens, trials = (2, 4096, 5) if args.quick else (4, 8192, 9)
@@ -352,6 +353,9 @@ def main(argv=None) -> dict:
         "most this machine allows the path), *_vs_bound = bound / path (how much of that the path reaches). "
         "CPU backend: page-aligned host buffers are aliased by jax.device_put (h2d free) and "
         "np.asarray of a device array is a view (d2h free); on an accelerator both are DMA copies.")
+    if args.plot:
+        from dualjax.plots import plot_dataplane
+        plot_dataplane(args.plot, result)
     emit(result, args.json)
     return result
 

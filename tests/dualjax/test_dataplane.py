@@ -127,7 +127,8 @@ def test_mpi_transport_takes_a_message_in_when_a_sleeping_rank_wakes():
 @pytest.mark.slow
 def test_dataplane_benchmark_quick(tmp_path):
     from dualjax.bench import dataplane
-    result = dataplane.main(["--quick", "--json", str(tmp_path / "dp.json")])
+    result = dataplane.main(["--quick", "--json", str(tmp_path / "dp.json"), "--plot", str(tmp_path / "dp.png")])
+    assert (tmp_path / "dp.png").stat().st_size > 0
     assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "pe_vs_raw_parallel", "de_vs_raw_parallel",
             "stages"} <= set(result)
     assert {"store_read", "device"} <= set(result["stages"]["pe"]) and "relay" in result["stages"]["de"]
