@@ -22,7 +22,7 @@ import numpy as np
 from dualjax.core.records import HostStats
 from dualjax.core.workload import PRESETS, get_workload, load_workload, max_context, turn_lengths
 from dualjax.runtime.buffers import HostBuffer, RequestKV
-from dualjax.runtime.host import Host
+from dualjax.runtime.host import Host, shared
 from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
 from dualjax.runtime.warmup import prompt_lengths, warm_decode
 from kvstore import block_chain
@@ -80,7 +80,7 @@ class DecodeHost(Host):
         self.buffer.check_fits(self.layout.block_bytes)
         self.cache = DecodeCache.create(self.model_cfg, cfg.decode_slots, decode_capacity(cfg, self.model_cfg))
         self.live: dict[int, _Live] = {}
-        self.pe_ready: dict[int, threading.Event] = collections.defaultdict(threading.Event)  # may precede admission
+        self.pe_ready: dict[int, threading.Event] = {}  # may precede admission; `shared` between threads
         self.admit_q: queue.Queue = queue.Queue()
         self.ready_q: collections.deque[_Live] = collections.deque()
         self.write_q: queue.Queue = queue.Queue()
@@ -103,7 +103,7 @@ class DecodeHost(Host):
         elif isinstance(msg, LayerKV):
             self.live[msg.request_id].rkv.write(msg.layer, msg.start, msg.kv)
         elif isinstance(msg, Ready):
-            self.pe_ready[msg.request_id].set()
+            shared(self.pe_ready, msg.request_id, threading.Event).set()
         elif isinstance(msg, PrefillDone):
             live = self.live[msg.request_id]
             live.prefill = msg
@@ -133,7 +133,8 @@ class DecodeHost(Host):
     def _relay(self, live: _Live, ticket) -> None:
         """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""
         a = live.a
-        while not self.pe_ready[a.request.id].wait(0.1):
+        ready = shared(self.pe_ready, a.request.id, threading.Event)
+        while not ready.wait(0.1):
             if self.stop.is_set():
                 return
         del self.pe_ready[a.request.id]

@@ -25,6 +25,15 @@ from dualjax.runtime.transport import HostFailure, Transport
 log = logging.getLogger(__name__)
 
 
+def shared(d: dict, key, make):
+    """`d[key]`, made by `make()` when missing: the same object for every thread. `dict.setdefault`
+    inserts atomically; a `defaultdict`'s factory runs Python code, so two threads that miss a key
+    at once (the thread taking a message in, the one about to wait for it) could each make one, and
+    the object the message was given to would be lost, its waiter left waiting for good."""
+    got = d.get(key)
+    return got if got is not None else d.setdefault(key, make())
+
+
 class Host:
     role = "host"
     reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads

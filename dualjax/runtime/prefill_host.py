@@ -15,7 +15,6 @@ blocks and still yields the reference tokens.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import queue
 import threading
@@ -27,7 +26,7 @@ from dualjax.core.batching import Work, fit_memory, pack
 from dualjax.core.policies import get_policy, layerwise_for
 from dualjax.core.records import HostStats, PassShape, PassTally
 from dualjax.runtime.buffers import HostBuffer, RequestKV
-from dualjax.runtime.host import Host
+from dualjax.runtime.host import Host, shared
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
 from dualjax.runtime.startup import attention_fit
 from dualjax.runtime.warmup import warm_prefill, warm_shapes
@@ -86,7 +85,7 @@ class PrefillHost(Host):
             room = min(room, cfg.pe_hbm_mb * 1e6)  # Basic reads into device memory: the budget bounds its reads too
         self.buffer = HostBuffer("PE", int(room))
         self.buffer.check_fits(self.layout.block_bytes)
-        self.inboxes: dict[int, _Inbox] = collections.defaultdict(_Inbox)
+        self.inboxes: dict[int, _Inbox] = {}  # by request, `shared` between threads
         self.admit_q: queue.Queue = queue.Queue()
         self.work_q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
@@ -104,7 +103,7 @@ class PrefillHost(Host):
             self.expect_read(msg)
             self.admit_q.put(msg)
         elif isinstance(msg, (Ready, LayerKV)):
-            self.inboxes[msg.request_id].put(msg)
+            shared(self.inboxes, msg.request_id, _Inbox).put(msg)
         else:
             raise TypeError(f"prefill host got unexpected {type(msg).__name__} from rank {src}")
 
@@ -165,12 +164,12 @@ class PrefillHost(Host):
         """Rows a pass can take, FIFO: the DE must have room. The oldest may still be loading
         (layerwise: it computes layer l as layer l arrives); later ones join only fully loaded,
         so a pass never waits for reads queued behind its own rows'."""
-        ready = [r for r in rows if self.inboxes[r.a.request.id].ready]
+        ready = [r for r in rows if shared(self.inboxes, r.a.request.id, _Inbox).ready]
         return [r for i, r in enumerate(ready) if r.loaded() or (i == 0 and r.a.layerwise)]
 
     def _layer_source(self, a: Assign, rkv: RequestKV, ticket):
         """(fn(layer) -> (valid blocks, hit KV [planned*T, *record]), fn() -> all loaded?) for this path."""
-        T, inbox = self.layout.block_tokens, self.inboxes[a.request.id]
+        T, inbox = self.layout.block_tokens, shared(self.inboxes, a.request.id, _Inbox)
 
         def from_store(layer):
             valid = ticket.wait_layer(layer) if ticket else 0

@@ -247,3 +247,26 @@ def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
     assert cli.main(["sim", "--cluster", "1p1d", "--model", "qwen2.5-7b", "--workload", "paper-32k", "--agents", "4",
                      "--policy", CUSTOM, "--quiet", "--out", str(tmp_path / "sim")]) == 0
     assert json.load(open(tmp_path / "sim" / "report.json"))["policy"] == "long-prefix-to-de"
+
+
+def test_a_message_and_its_waiter_share_one_signal_when_they_race():
+    """The thread taking a request's message in and the one about to wait for it may both find no
+    signal yet for that request: both get the same one (a `defaultdict` gave each its own, and a
+    relay once waited for good on the one the DE's `Ready` never reached)."""
+    import threading
+    import time
+
+    from dualjax.runtime.host import shared
+
+    def slow_event():  # both threads miss the key before either has made its Event
+        time.sleep(0.05)
+        return threading.Event()
+    for _ in range(3):
+        signals, got = {}, []
+        threads = [threading.Thread(target=lambda: got.append(shared(signals, 8, slow_event))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got[0].set()  # the message's side
+        assert got[1].is_set() and signals[8] is got[0] is got[1]  # the waiter's side sees it
