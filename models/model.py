@@ -212,9 +212,14 @@ def greedy(logits):
 def reference_logits(params: Params, cfg: ModelConfig, tokens) -> np.ndarray:
     """A plain, cache-free forward (kv heads repeated, explicit causal mask): the test reference.
 
-    tokens [B, T] -> float32 logits [B, T, V] as a NumPy array.
+    tokens [B, T] -> float32 logits [B, T, V] as a NumPy array. One compiled program per shape
+    (op by op, every new length recompiled each of its operations: 3-4 s a call for `tiny`).
     """
-    tokens = jnp.asarray(tokens)
+    return np.asarray(_reference_logits(params, cfg, jnp.asarray(tokens)))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _reference_logits(params: Params, cfg: ModelConfig, tokens):
     B, T = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
     x = params["embed"][tokens]
@@ -231,7 +236,7 @@ def reference_logits(params: Params, cfg: ModelConfig, tokens) -> np.ndarray:
         x = x + jnp.einsum("bqnh,nhd->bqd", a, lp["wo"])
         h = rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
-    return np.asarray(head(params, cfg, x))
+    return head(params, cfg, x)
 
 
 @functools.partial(jax.jit, static_argnums=1)
