@@ -43,20 +43,35 @@ def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: i
     return float(np.median(times))
 
 
-@functools.cache
+def per_architecture(fn):
+    """Cache `fn(model, *args)` by `model`'s config less its name: a profile times random weights of
+    the config's shapes, so a checkpoint of a preset's architecture (or a second checkpoint of one
+    shape) reuses what this process measured for the first, as a `functools.cache` on the name did not."""
+    cache = {}
+
+    @functools.wraps(fn)
+    def cached(model: str, *args):
+        key = (models.resolve_model(model).config.replace(name=""), args)
+        if key not in cache:
+            cache[key] = fn(model, *args)
+        return cache[key]
+    return cached
+
+
+@per_architecture
 def params_for(model: str):
     """Random weights of `model`'s shape (a preset or a checkpoint's config): the timings do not depend
     on the values, so a profile never loads a checkpoint's tensors."""
     return models.init_params(models.resolve_model(model).config, 0)
 
 
-@functools.cache
+@per_architecture
 def prefill_tokens_per_s(model: str, new: int = 256, cached: int = 1024) -> float:
     """New tokens per second of a layerwise prefill of `new` tokens over `cached` ones."""
     return new / prefill_seconds(model, cached, new)
 
 
-@functools.cache
+@per_architecture
 def attention_fit(model: str) -> AttentionFit:
     """Prefill time as a function of (cached, new), fitted on a small grid measured here: the whole
     pass predicts the PE's pass time, its attention term is what the compute quota bounds."""
