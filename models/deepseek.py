@@ -21,7 +21,7 @@ import numpy as np
 from models import dsa, mla, mla_cache, moe
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.deepseek_config import DeepSeekConfig
-from models.params import Decl, Params
+from models.params import Decl, Params, random_leaf
 from models.prefill import InputError, check_prefix_len, check_tokens
 
 # --------------------------------------------------------------------------- parameters
@@ -88,18 +88,12 @@ def is_decl(x) -> bool:
     return isinstance(x, Decl)
 
 
-def _init_leaf(key, decl: Decl, dtype):
-    if decl.init in ("ones", "zeros"):
-        return (jnp.ones if decl.init == "ones" else jnp.zeros)(decl.shape, dtype)
-    fan_in = decl.shape[1] if decl.init == "expert" else math.prod(decl.shape[:decl.fan_in_dims])
-    return (jax.random.normal(key, decl.shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-
-
 def init_params(cfg: DeepSeekConfig, seed: int = 0) -> Params:
-    """Seeded random params (deterministic in `seed`), in `cfg.dtype`."""
+    """Seeded random params (deterministic in `seed`), in `cfg.dtype` (`models.params.random_leaf`)."""
     decls, treedef = jax.tree_util.tree_flatten(declare(cfg), is_leaf=is_decl)
-    keys = jax.random.split(jax.random.key(seed), len(decls))
-    return jax.tree_util.tree_unflatten(treedef, [_init_leaf(k, d, cfg.jnp_dtype) for k, d in zip(keys, decls)])
+    fan_in = lambda d: d.shape[1] if d.init == "expert" else math.prod(d.shape[:d.fan_in_dims])  # noqa: E731
+    leaves = [random_leaf(seed, i, d, fan_in(d), cfg.jnp_dtype) for i, d in enumerate(decls)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def param_count(cfg: DeepSeekConfig) -> int:

@@ -5,7 +5,9 @@ from `config.json` / `model_config.json` alone, no tensors, so a rank that only 
 loads weights), `load_params(mesh)` (each host reads its local files onto its own devices), and
 `weights`, the identity of the weights that enters the KV store's fingerprint:
 
-* a preset of either family (`tiny`, `deepseek-tiny`, ...): `random:<seed>`;
+* a preset of either family (`tiny`, `deepseek-tiny`, ...): `random-v2:<seed>` (v2: the draws of
+  `models.params.random_leaf` since 2026-12-02; the `random:<seed>` weights before them differ, and
+  a store written under them is refused);
 * a Hugging Face directory (`config.json` + `*.safetensors`, one file or sharded; Llama, Qwen2,
   DeepSeek-V3 / V3.2 through `models.load_hf`): `sha256:<16 hex>` over the resolved config and every
   safetensors file's sha256: the file's own where Hugging Face recorded it (a link into a hub cache,
@@ -54,16 +56,16 @@ class ModelSource:
 
     @functools.cached_property
     def weights(self) -> str:
-        """The weights' identity for the store fingerprint: `random:<seed>` or `sha256:<16 hex>`."""
+        """The weights' identity for the store fingerprint: `random-v2:<seed>` or `sha256:<16 hex>`."""
         if self.kind == "preset":
-            return f"random:{self.seed}"
+            return f"random-v2:{self.seed}"
         files = (sorted(glob.glob(os.path.join(self.path, "*.safetensors"))) if self.kind == "hf"
                  else _orbax_files(os.path.join(self.path, "params")))
         return "sha256:" + _digest(self.path, files, self.config)[:16]
 
     @property
     def describe(self) -> str:
-        """The identity for people: the preset and `random:<seed>`, or the checkpoint's path and digest."""
+        """The identity for people: the preset and `random-v2:<seed>`, or the checkpoint's path and digest."""
         return f"{self.path or self.ref} ({self.weights})"
 
     def load_params(self, mesh=None):

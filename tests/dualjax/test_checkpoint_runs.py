@@ -83,7 +83,7 @@ def test_a_store_of_another_cache_format_or_seed_is_refused_naming_both(tmp_path
         open_store(cfg.replace(model="deepseek-tiny"))
     ds = models.resolve_model("deepseek-tiny").config
     assert "gqa:2x2x16:float32 model=tiny" in str(e.value) and f"{ds.kv_format} model=deepseek-tiny" in str(e.value)
-    with pytest.raises(FingerprintMismatch, match=r"weights=random:0 .*weights=random:7 .*tiny \(random:7\)"):
+    with pytest.raises(FingerprintMismatch, match=r"weights=random-v2:0 .*weights=random-v2:7 .*tiny \(random-v2:7\)"):
         open_store(cfg.replace(param_seed=7))
 
 
