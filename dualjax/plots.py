@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported on the first plot: a rank that
+    never draws (every host of an mpiexec job) does not pay its ~0.7 s of import."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _bandwidth(series, window_s: float):
@@ -23,6 +28,7 @@ def _bandwidth(series, window_s: float):
 
 def plot_run(out_dir: str, report: dict, ttft) -> None:
     """storage.png and ttft_cdf.png for one run."""
+    plt = _pyplot()
     series = report.get("storage_series", {})
     fig, ax = plt.subplots(figsize=(7, 3.5))
     window = max(0.05, report["jct_s"] / 60)
@@ -62,6 +68,7 @@ def _cdf(ax, values, label) -> None:
 
 def plot_compare(path: str, runs: list[tuple[str, dict, np.ndarray]]) -> None:
     """One figure comparing runs (name, report, per-request TTFT): JCT per run and TTFT CDFs."""
+    plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = [n for n, _, _ in runs]
     a.bar(range(len(runs)), [r["jct_s"] for _, r, _ in runs], color="tab:blue")
@@ -80,6 +87,7 @@ def plot_dataplane(path: str, result: dict) -> None:
     """`bench dataplane`'s breakdown: per run (embedded, mpiexec) and path (PE, DE), the path's time
     as the raw read, the store's shortfall and what the data plane adds, with the path's bound and
     its first layer's arrival marked."""
+    plt = _pyplot()
     rows = [(f"{name} {p.upper()} path", result[run]["stages"][p])
             for run, name in (("embedded", "embedded"), ("mpi", "mpiexec")) if run in result for p in ("pe", "de")]
     parts = (("raw_read_s", "raw read (same bytes)", "tab:gray"),

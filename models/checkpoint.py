@@ -12,7 +12,6 @@ import json
 import os
 
 import jax
-import orbax.checkpoint as ocp
 from safetensors import safe_open
 
 from models.config import DTYPES, ModelConfig, RopeScaling
@@ -28,6 +27,7 @@ def save_checkpoint(path: str, params: Params, cfg: ModelConfig, check=check_par
     `check` is the family's `check_params` (`models.save_checkpoint` passes the one of cfg's family)."""
     path = os.path.abspath(path)
     check(params, cfg)
+    import orbax.checkpoint as ocp  # here, not at import: most processes never save or restore
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(path, "params"), params)
     with open(os.path.join(path, "model_config.json"), "w") as f:
@@ -62,6 +62,7 @@ def restore_checkpoint(path: str, shardings=None, check=check_params, abstract=a
     Raises CheckpointError naming a tensor the stored params lack, hold extra, or hold in another shape."""
     path = os.path.abspath(path)
     cfg = read_config(path)
+    import orbax.checkpoint as ocp  # here, not at import: most processes never save or restore
     with ocp.StandardCheckpointer() as ckptr:
         stored = ckptr.metadata(os.path.join(path, "params"))
         try:  # name a missing, extra or misshaped tensor before Orbax reports a tree mismatch

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import scipy.optimize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +38,7 @@ class AttentionFit:
         """Non-negative least squares over (cached, new, seconds) samples (a time never falls as work grows)."""
         x = np.array([[n * (c + n / 2), n, 1.0] for c, n, _ in samples])
         y = np.array([s for _, _, s in samples])
+        import scipy.optimize  # here: ~0.6 s of import that only a PE's start-up profile needs
         coef, _ = scipy.optimize.nnls(x, y)
         return cls(*map(float, coef))
 
