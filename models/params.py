@@ -82,11 +82,11 @@ def random_leaf(seed: int, index: int, decl: Decl, fan_in: int, dtype):
     itself, is drawn by `jax.random` on the device."""
     np_dtype = np.dtype(dtype)
     if decl.init in ("ones", "zeros"):
-        return jnp.asarray((np.ones if decl.init == "ones" else np.zeros)(decl.shape, np_dtype))
+        return jax.device_put((np.ones if decl.init == "ones" else np.zeros)(decl.shape, np_dtype))
     scale = np.float32(math.sqrt(fan_in))
     if math.prod(decl.shape) < NUMPY_LEAF:
         x = np.random.default_rng((seed, index)).standard_normal(decl.shape, np.float32) / scale
-        return jnp.asarray(x.astype(np_dtype))
+        return jax.device_put(x.astype(np_dtype))  # (`jnp.asarray` compiles a copy per shape)
     key = jax.random.fold_in(jax.random.key(seed), index)
     return (jax.random.normal(key, decl.shape, jnp.float32) / scale).astype(dtype)
 

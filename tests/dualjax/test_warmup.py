@@ -56,3 +56,18 @@ def test_the_compile_cache_goes_where_asked_and_never_over_a_users_choice(tmp_pa
     assert use_compile_cache({COMPILE_CACHE_ENV: "off"}) is None
     mine = {"JAX_COMPILATION_CACHE_DIR": "/mine"}
     assert use_compile_cache(mine) == "/mine" and use_compile_cache({}).endswith("dualjax/jax")
+
+
+def test_a_profile_is_measured_once_per_architecture(tiny, tmp_path):
+    """Start-up profiles time random weights of the config's shapes: a checkpoint of a preset's
+    architecture reuses what the process measured for the preset; another architecture does not."""
+    from dualjax.runtime.startup import per_architecture
+    from tests.models.test_checkpoint import _write_hf
+    cfg, params = tiny
+    (tmp_path / "ckpt").mkdir()
+    _write_hf(tmp_path / "ckpt", cfg, params, "LlamaForCausalLM")
+    calls = []
+    measured = per_architecture(lambda model, *args: calls.append((model, args)) or len(calls))
+    assert measured("tiny") == measured(str(tmp_path / "ckpt")) == 1
+    assert measured("tiny", 7) == 2 and measured("small") == 3
+    assert calls == [("tiny", ()), ("tiny", (7,)), ("small", ())]

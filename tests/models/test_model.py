@@ -305,3 +305,20 @@ def test_costs_are_consistent():
     assert abs(linear / (2 * (models.param_count(cfg) - cfg.vocab * cfg.d_model)) - 1) < 1e-4
     assert models.prefill_flops(cfg, 100, 1000) > models.prefill_flops(cfg, 100, 0)
     assert models.decode_flops(cfg, 1000) == models.prefill_flops(cfg, 1, 1000)
+
+
+def test_random_weights_compile_nothing_and_depend_on_the_seed_alone(compile_log):
+    """A preset's small tensors are drawn on the host (op by op, `jax.random` compiled a program per
+    shape: most of a host's start-up), the same for the same seed and distributed as declared."""
+    cfg = models.get_config("tiny").replace(d_model=48)  # shapes no other test has made
+    a = models.init_params(cfg, seed=3)
+    assert not [c for _, c in compile_log]
+    b, c = models.init_params(cfg, seed=3), models.init_params(cfg, seed=4)
+    for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(c)):
+        assert x.dtype == cfg.jnp_dtype and np.array_equal(x, y)
+    wq, wq4 = np.asarray(a["layers"][0]["wq"]), np.asarray(c["layers"][0]["wq"])
+    assert not np.array_equal(wq, wq4)
+    assert abs(wq.std() * np.sqrt(48) - 1) < 0.1  # N(0, 1/fan_in)
+    assert np.all(np.asarray(a["layers"][0]["attn_norm"]) == 1)
+    ds = models.resolve_model("deepseek-tiny").config
+    assert jax.tree.leaves(models.init_params(ds, 0))[0].dtype == ds.jnp_dtype
