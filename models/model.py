@@ -215,7 +215,7 @@ def reference_logits(params: Params, cfg: ModelConfig, tokens) -> np.ndarray:
     tokens [B, T] -> float32 logits [B, T, V] as a NumPy array. One compiled program per shape
     (op by op, every new length recompiled each of its operations: 3-4 s a call for `tiny`).
     """
-    return np.asarray(_reference_logits(params, cfg, jnp.asarray(tokens)))
+    return np.asarray(_reference_logits(params, cfg, np.asarray(tokens)))
 
 
 @functools.partial(jax.jit, static_argnums=1)

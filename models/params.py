@@ -85,7 +85,7 @@ def random_leaf(seed: int, index: int, decl: Decl, fan_in: int, dtype):
         return jax.device_put((np.ones if decl.init == "ones" else np.zeros)(decl.shape, np_dtype))
     scale = np.float32(math.sqrt(fan_in))
     if math.prod(decl.shape) < NUMPY_LEAF:
-        x = np.random.default_rng((seed, index)).standard_normal(decl.shape, np.float32) / scale
+        x = np.random.default_rng((seed % 2**64, index)).standard_normal(decl.shape, np.float32) / scale
         return jax.device_put(x.astype(np_dtype))  # (`jnp.asarray` compiles a copy per shape)
     key = jax.random.fold_in(jax.random.key(seed), index)
     return (jax.random.normal(key, decl.shape, jnp.float32) / scale).astype(dtype)

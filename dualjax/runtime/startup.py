@@ -45,8 +45,9 @@ def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: i
 
 def per_architecture(fn):
     """Cache `fn(model, *args)` by `model`'s config less its name: a profile times random weights of
-    the config's shapes, so a checkpoint of a preset's architecture (or a second checkpoint of one
-    shape) reuses what this process measured for the first, as a `functools.cache` on the name did not."""
+    the config, so a checkpoint of a preset's architecture (every field of its config but the name),
+    or a second checkpoint of one architecture, reuses what this process measured for the first, as a
+    `functools.cache` on the name did not."""
     cache = {}
 
     @functools.wraps(fn)

@@ -71,3 +71,5 @@ def test_a_profile_is_measured_once_per_architecture(tiny, tmp_path):
     assert measured("tiny") == measured(str(tmp_path / "ckpt")) == 1
     assert measured("tiny", 7) == 2 and measured("small") == 3
     assert calls == [("tiny", ()), ("tiny", (7,)), ("small", ())]
+    from dualjax.runtime import startup  # and the profile's own pieces are cached so
+    assert startup.params_for("tiny") is startup.params_for(str(tmp_path / "ckpt"))

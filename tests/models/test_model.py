@@ -320,5 +320,9 @@ def test_random_weights_compile_nothing_and_depend_on_the_seed_alone(compile_log
     assert not np.array_equal(wq, wq4)
     assert abs(wq.std() * np.sqrt(48) - 1) < 0.1  # N(0, 1/fan_in)
     assert np.all(np.asarray(a["layers"][0]["attn_norm"]) == 1)
+    half = models.init_params(cfg.replace(dtype="bfloat16"), seed=3)["layers"][0]["wq"]  # cast on the host
+    assert half.dtype == jnp.bfloat16 and np.array_equal(np.asarray(half), wq.astype(jnp.bfloat16))
     ds = models.resolve_model("deepseek-tiny").config
-    assert jax.tree.leaves(models.init_params(ds, 0))[0].dtype == ds.jnp_dtype
+    layers = models.init_params(ds, 0)["layers"]
+    up = np.asarray(next(lp["e_up"] for lp in layers if "e_up" in lp))  # "expert": fan-in is the middle dim
+    assert up.dtype == ds.jnp_dtype and abs(up.std() * np.sqrt(up.shape[1]) - 1) < 0.1
