@@ -21,7 +21,7 @@ import numpy as np
 from models import dsa, mla, mla_cache, moe
 from models.buckets import DEFAULT_BUCKETS, Buckets
 from models.deepseek_config import DeepSeekConfig
-from models.params import Decl, Params, random_leaf
+from models.params import Decl, Params, random_params
 from models.prefill import InputError, check_prefix_len, check_tokens
 
 # --------------------------------------------------------------------------- parameters
@@ -90,10 +90,8 @@ def is_decl(x) -> bool:
 
 def init_params(cfg: DeepSeekConfig, seed: int = 0) -> Params:
     """Seeded random params (deterministic in `seed`), in `cfg.dtype` (`models.params.random_leaf`)."""
-    decls, treedef = jax.tree_util.tree_flatten(declare(cfg), is_leaf=is_decl)
-    fan_in = lambda d: d.shape[1] if d.init == "expert" else math.prod(d.shape[:d.fan_in_dims])  # noqa: E731
-    leaves = [random_leaf(seed, i, d, fan_in(d), cfg.jnp_dtype) for i, d in enumerate(decls)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    return random_params(declare(cfg), seed, cfg.jnp_dtype,
+                         lambda d: d.shape[1] if d.init == "expert" else math.prod(d.shape[:d.fan_in_dims]))
 
 
 def param_count(cfg: DeepSeekConfig) -> int:

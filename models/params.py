@@ -91,12 +91,18 @@ def random_leaf(seed: int, index: int, decl: Decl, fan_in: int, dtype):
     return (jax.random.normal(key, decl.shape, jnp.float32) / scale).astype(dtype)
 
 
+def random_params(decls, seed: int, dtype, fan_in) -> Params:
+    """Seeded random params for the declaration tree `decls` (either family's): leaf i by
+    `random_leaf(seed, i, ...)` with `fan_in(decl)`, in `dtype`."""
+    leaves, treedef = jax.tree_util.tree_flatten(decls, is_leaf=_is_decl)
+    return jax.tree_util.tree_unflatten(treedef, [random_leaf(seed, i, d, fan_in(d), dtype)
+                                                  for i, d in enumerate(leaves)])
+
+
 def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
     """Seeded random params (deterministic in `seed`), in `cfg.dtype`."""
-    decls, treedef = jax.tree_util.tree_flatten(declare(cfg), is_leaf=_is_decl)
-    fan_in = lambda d: math.prod(d.shape[:d.fan_in_dims]) if d.init == "normal" else 1  # noqa: E731
-    leaves = [random_leaf(seed, i, d, fan_in(d), cfg.jnp_dtype) for i, d in enumerate(decls)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    return random_params(declare(cfg), seed, cfg.jnp_dtype,
+                         lambda d: math.prod(d.shape[:d.fan_in_dims]) if d.init == "normal" else 1)
 
 
 def abstract_params(cfg: ModelConfig, shardings=None) -> Params:

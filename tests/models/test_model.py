@@ -314,7 +314,7 @@ def test_random_weights_compile_nothing_and_depend_on_the_seed_alone(compile_log
     a = models.init_params(cfg, seed=3)
     assert not [c for _, c in compile_log]
     b, c = models.init_params(cfg, seed=3), models.init_params(cfg, seed=4)
-    for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(c)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         assert x.dtype == cfg.jnp_dtype and np.array_equal(x, y)
     wq, wq4 = np.asarray(a["layers"][0]["wq"]), np.asarray(c["layers"][0]["wq"])
     assert not np.array_equal(wq, wq4)
