@@ -22,7 +22,7 @@ import tensorstore as ts
 
 from kvstore.hashing import check_hash
 from kvstore.layout import BlockLayout
-from kvstore.reads import pread_rows
+from kvstore.reads import page_cached, pread_rows
 from kvstore.segments import (
     SegmentFile,
     encode_entry,
@@ -206,6 +206,21 @@ class SegmentFiles:
             return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
         return self._reader_pool.submit(pread_rows, self._segment_path, self.layout, self.S,
                                         shard_index_bytes(self.layout, self.S), out, rows, entries, sel)
+
+    def in_page_cache(self, slot: int) -> bool:
+        """Whether the first byte of block `slot` is in the page cache: a local directory's segment
+        file probed without waiting for the disk; elsewhere (and for a file that cannot be opened:
+        its read will say why) True."""
+        if self.root is None:
+            return True
+        try:
+            fd = os.open(self._segment_path(slot // self.S), os.O_RDONLY)
+        except OSError:
+            return True
+        try:
+            return page_cached(fd, shard_index_bytes(self.layout, self.S) + slot % self.S * self.layout.block_bytes)
+        finally:
+            os.close(fd)
 
     def preads(self, out: np.ndarray) -> bool:
         """Whether reads into `out` take the local `preadv` path (else TensorStore's)."""

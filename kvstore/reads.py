@@ -6,6 +6,7 @@ checked as they land (`pread_rows`). Uses only the store's public methods."""
 from __future__ import annotations
 
 import collections
+import errno
 import os
 
 import numpy as np
@@ -16,11 +17,12 @@ from kvstore.hashing import check_hash
 from kvstore.segments import IOV_MAX
 
 VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
+DIRECT_BYTES = 4 << 20  # bytes per preadv of a cold read that bypasses the page cache (O_DIRECT)
 READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # Linux: a read that would wait for the disk fails instead
 
 
-def _cached(fd: int, offset: int) -> bool:
+def page_cached(fd: int, offset: int) -> bool:
     """Whether the byte at `offset` of `fd` is in the page cache: a one-byte read that fails rather
     than wait for the disk (`RWF_NOWAIT`; where the platform has none, everything counts as cached,
     as does a file this read cannot tell about). Its miss starts the kernel's readahead."""
@@ -31,6 +33,15 @@ def _cached(fd: int, offset: int) -> bool:
     except OSError:
         pass
     return True
+
+
+def _open_direct(path) -> int | None:
+    """`path` opened for reads that bypass the page cache (`O_DIRECT`: the disk's DMA lands in the
+    caller's buffer, no kernel copy), or None where the platform or file system has none."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return None
 
 
 def _will_need(fd: int, ranges) -> None:
@@ -76,6 +87,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
         except OSError as e:
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
+        direct = None
         try:
             if sel.stop - sel.start == 1:  # a layer-major read: one Layer Block per block, not adjacent in the file
                 failed.update(_pread_layer(fd, path, layout, S, data_offset, out, items, sel.start))
@@ -86,13 +98,17 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
-            if whole and not _cached(fd, data_offset + items[0][0] % S * layout.block_bytes):  # cold: start every run
-                _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
-                                for run in runs])
+            if whole and not page_cached(fd, data_offset + items[0][0] % S * layout.block_bytes):
+                direct = _open_direct(path)  # cold: straight from the disk or, where it cannot, announced
+                if direct is None:
+                    _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes,
+                                     len(run) * layout.block_bytes) for run in runs])
             for run in runs:
-                failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel))
+                failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel, direct))
         finally:
             os.close(fd)
+            if direct is not None:
+                os.close(direct)
     return failed
 
 
@@ -118,16 +134,19 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
 
 
 def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
-               sel: slice) -> dict[int, str]:
+               sel: slice, direct: int | None = None) -> dict[int, str]:
     """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` (or one Layer Block,
     if larger) per `preadv`, so a block larger than that takes several; each chunk's Layer Blocks
     checked against their checksums right after it lands, while they are still in this core's
     cache (a checksum pass over memory costs half a copy; over cache, a fraction). Each Layer Block
     of `out` is contiguous; the rows need not be (a layer-major buffer's are not), so the iovecs
-    are then Layer Blocks."""
+    are then Layer Blocks. `direct`: the file opened `O_DIRECT` for a cold read, `DIRECT_BYTES` per
+    call (the checks then read memory, not cache, but no kernel copy went before them); a call
+    it refuses (`EINVAL`: an offset, length or buffer not aligned as the device needs) and the
+    rest of the run go through `fd`."""
     n, lb = sel.stop - sel.start, layout.layer_bytes
     contiguous = out[run[0][1]].flags.c_contiguous  # one iovec per block's share of a chunk
-    per = max(1, min(VERIFY_BYTES // lb, IOV_MAX))  # Layer Blocks per preadv
+    per = max(1, min((VERIFY_BYTES if direct is None else DIRECT_BYTES) // lb, IOV_MAX))  # Layer Blocks per preadv
     offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * lb
     failed: dict[int, str] = {}
     for c in range(0, len(run) * n, per):
@@ -137,7 +156,13 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
         iov = [out[run[k][1], a:b].reshape(-1).view(np.uint8) for k, a, b in spans] if contiguous \
             else [out[run[k][1], layer].reshape(-1).view(np.uint8) for k, a, b in spans for layer in range(a, b)]
         try:
-            landed = c + os.preadv(fd, iov, offset + c * lb) // lb  # Layer Blocks of the run read so far
+            try:
+                got = os.preadv(fd if direct is None else direct, iov, offset + c * lb)
+            except OSError as e:
+                if direct is None or e.errno != errno.EINVAL:
+                    raise
+                direct, got = None, os.preadv(fd, iov, offset + c * lb)
+            landed = c + got // lb  # Layer Blocks of the run read so far
         except OSError as e:
             return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c // n:] if slot not in failed}
         for k, a, b in spans:
@@ -192,6 +217,12 @@ class RequestReads:
         if self.local:
             store.pin(hashes)
             self.entries = store.entries(hashes)
+
+    def cold(self) -> bool:
+        """Whether the request's first stored block is not in the page cache, so its read goes to
+        the disk (local reads only; elsewhere, or with no block stored, False)."""
+        first = next((e for e in self.entries if e is not None), None) if self.local else None
+        return first is not None and not self.store.files.in_page_cache(first[0])
 
     def submit(self, b0: int, b1: int, layers: range):
         """Start reading blocks [b0, b1), layers `layers`, into their rows of `out`."""

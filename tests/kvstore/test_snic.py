@@ -80,3 +80,29 @@ def test_missing_block_ends_the_run(filled, layer_major):
     nic.close()  # closing twice is harmless
     with pytest.raises(ValueError, match="positive"):
         kv.StorageNIC("bad", cap_bytes_per_s=0)
+
+
+def test_an_uncapped_layer_major_read_of_cold_blocks_goes_block_by_block(tmp_path, monkeypatch):
+    """Blocks not in the page cache: an uncapped layer-major read reads whole blocks (long runs the
+    disk streams) and still fills the layer-major buffer exactly; warm, or capped, it stays
+    layer-major."""
+    ids, blocks = _chain(6), _blocks(6)
+    submitted = []
+    real_submit = kv.reads.RequestReads.submit
+    monkeypatch.setattr(kv.reads.RequestReads, "submit",
+                        lambda self, b0, b1, layers: submitted.append(len(layers)) or real_submit(self, b0, b1, layers))
+    cold = [False]
+    real_cached = kv.reads.page_cached
+    monkeypatch.setattr(kv.files, "page_cached", lambda fd, offset: not cold[0] and real_cached(fd, offset))
+    with kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT) as store:
+        store.put(ids, blocks)
+        hashes = [b.hash for b in ids]
+        for cap, is_cold, whole in ((None, False, False), (None, True, True), (1e12, True, False)):
+            cold[0], out = is_cold, np.zeros((LAYOUT.n_layers, 6, *LAYOUT.layer_shape), LAYOUT.np_dtype)
+            submitted.clear()
+            nic = kv.StorageNIC("h5", cap_bytes_per_s=cap)
+            ticket = nic.read(store, hashes, out=out.transpose(1, 0, *range(2, out.ndim)), layer_major=True)
+            assert ticket.wait() == 6 and ticket.wait_layer(0) == 6
+            nic.close()
+            np.testing.assert_array_equal(out.transpose(1, 0, *range(2, out.ndim)), blocks)
+            assert set(submitted) == ({LAYOUT.n_layers} if whole else {1}), (cap, is_cold)

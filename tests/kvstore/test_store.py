@@ -1,5 +1,7 @@
 """Block store invariants: stable names, bit-exact round trips, miss semantics, capacity, faults."""
 
+import errno
+import fcntl
 import os
 import subprocess
 import sys
@@ -226,6 +228,7 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
             raise BlockingIOError(11, "not in the page cache (pretended)")
         return real(fd, bufs, *a)
     monkeypatch.setattr(kv.reads.os, "preadv", preadv)
+    monkeypatch.setattr(kv.reads, "_open_direct", lambda path: None)  # a file system without O_DIRECT
     advised = []
     monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
         (offset, length, advice)))
@@ -268,6 +271,65 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     np.testing.assert_array_equal(got[0], blocks[0])
     assert got[1] is None and got[2] is None
     assert not advised  # only cold reads are announced
+
+
+def test_a_cold_read_bypasses_the_page_cache_checked_and_falls_back_where_refused(tmp_path, store, monkeypatch):
+    """Blocks not in the page cache are read `O_DIRECT` in calls of at most `DIRECT_BYTES`, every
+    Layer Block still checked: a byte flipped on the disk and a file cut short are misses. A call
+    the device refuses (`EINVAL`: a buffer not aligned as it needs, here at an odd address) is
+    made again through the page cache, so the read still succeeds."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except (AttributeError, OSError):
+        pytest.skip("no O_DIRECT on this file system")
+    calls, real_preadv = [], os.preadv
+
+    def preadv(fd, bufs, offset, *a):  # records (bytes asked, bytes read or errno) of each O_DIRECT call
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            try:
+                calls.append((sum(memoryview(b).nbytes for b in bufs), real_preadv(fd, bufs, offset, *a)))
+            except OSError as e:
+                calls.append((sum(memoryview(b).nbytes for b in bufs), e.errno))
+                raise
+            return calls[-1][1]
+        return real_preadv(fd, bufs, offset, *a)
+    monkeypatch.setattr(kv.reads.os, "preadv", preadv)
+    monkeypatch.setattr(kv.reads, "DIRECT_BYTES", 3 * LAYOUT.layer_bytes)  # a call ends inside every other block
+    monkeypatch.setattr(kv.reads, "page_cached", lambda fd, offset: False)  # every read cold (O_DIRECT reads the disk)
+    ids, blocks = _chain(3), _blocks(3)
+    store.put(ids, blocks)
+    hashes = [b.hash for b in ids]
+    np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
+    assert calls and all(n <= 3 * LAYOUT.layer_bytes and got == n for n, got in calls)
+
+    misaligned = kv.layout.aligned_empty(blocks.nbytes + 1)[1:].view(LAYOUT.np_dtype).reshape(blocks.shape)
+    calls.clear()
+    assert all(r.result() is not None for r in store.get(hashes, misaligned))
+    np.testing.assert_array_equal(misaligned, blocks)
+    assert calls and calls[0][1] == errno.EINVAL  # refused, then read through the page cache
+
+    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
+    with open(path, "r+b") as f:  # a byte of block 1's last Layer Block, on the disk
+        f.seek(offset + (LAYOUT.n_layers - 1) * LAYOUT.layer_bytes + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))  # in the page cache: an O_DIRECT read writes it back first
+    calls.clear()
+    got = [r.result() for r in store.get(hashes)]
+    assert got[1] is None and store.stats()["bad_blocks"] == 1 and calls
+    np.testing.assert_array_equal(got[0], blocks[0])
+
+    ids, blocks = _chain(3, offset=1000), _blocks(3, seed=7)
+    store.put(ids, blocks)
+    assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
+    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
+    os.truncate(path, offset + LAYOUT.block_bytes - LAYOUT.layer_bytes // 2)
+    calls.clear()
+    got = [r.result() for r in store.get([b.hash for b in ids])]
+    np.testing.assert_array_equal(got[0], blocks[0])
+    assert got[1] is None and got[2] is None and calls  # read direct, cut short
 
 
 def test_pread_rows_says_why_each_block_failed(tmp_path, monkeypatch):
