@@ -69,15 +69,20 @@ def trials_within(trials: int, budget_s: float, least: int = 2):
         yield t
 
 
-def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> None:
+def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: int = 0,
+                      direct: bool = False) -> None:
     """`path` into `buf` (reused, as large as the file) by `threads` threads, each `preadv`ing its
     share: the machine's plain read at a given parallelism, with no format and no checks (the
     benchmarks' raw yardstick at the store's own parallelism). With `checksum_bytes`, each thread
     reads `VERIFY_BYTES` at a time and runs XXH3 over each `checksum_bytes` piece right after it
-    lands, as the store verifies its reads: the least any checked read of these bytes costs here."""
+    lands, as the store verifies its reads: the least any checked read of these bytes costs here.
+    `direct`: the file opened `O_DIRECT` (past the page cache, as the store reads cold blocks; `buf`
+    page-aligned, each share a whole number of pages)."""
     view = buf.reshape(-1).view(np.uint8)
     share = -(-view.nbytes // threads)
-    fd = os.open(path, os.O_RDONLY)
+    if direct:
+        share = -(-share // 4096) * 4096
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
 
     def read(i: int) -> None:
         mine = view[i * share:(i + 1) * share]

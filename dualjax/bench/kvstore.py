@@ -10,7 +10,9 @@ same bytes by `preadv` into a reused buffer with as many threads as the store re
 comparison, `numpy.fromfile`, and with XXH3 over each Layer Block as it lands: the checksum's own
 cost); both from the page cache after a warm-up, and both cold (their files
 dropped from the page cache before each read; the store's `get` and its storage NIC's layer-major
-read, each against the same raw cold reads), in interleaved trials (median). Writes at equal
+read, each against the same raw cold reads; the store reads cold Full Blocks past the page cache,
+`O_DIRECT`, so they are also held against a raw `O_DIRECT` read of the same file), in
+interleaved trials (median). Writes at equal
 durability: `BlockStore.put` of 8 blocks at a time (one segment file per put, its index entry
 inside; each block visible atomically, only once complete) versus `tofile` to a temp file and a
 rename, with no fsync on either side, and with fsync on both. Cap: reads through a capped
@@ -89,12 +91,23 @@ def _nic_read(nic: kv.StorageNIC, store, hashes, rkv: RequestKV) -> tuple[float,
     return dt
 
 
-def _raw_read(path, buf: np.ndarray, threads: int, checksum_bytes: int = 0) -> tuple[float, float]:
+def _raw_read(path, buf: np.ndarray, threads: int, checksum_bytes: int = 0,
+              direct: bool = False) -> tuple[float, float]:
     """The same bytes from one file into a reused buffer at the store's own parallelism, timed
-    (with `checksum_bytes`, XXH3 over each Layer Block as it lands: the checksum's own cost)."""
+    (with `checksum_bytes`, XXH3 over each Layer Block as it lands: the checksum's own cost;
+    `direct`: past the page cache, `O_DIRECT`)."""
     t0 = _now()
-    raw_parallel_read(path, buf, threads, checksum_bytes)
+    raw_parallel_read(path, buf, threads, checksum_bytes, direct)
     return _since(t0)
+
+
+def _can_read_direct(path) -> bool:
+    """Whether `path`'s file system reads past the page cache (`O_DIRECT`)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def _raw_fromfile(path) -> tuple[float, float]:
@@ -145,18 +158,23 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
             lm.append(_store_read(store, hashes, rng, out, layer_major=True))
             ln.append(_nic_read(nic, store, hashes, rkv))
             f.append(_raw_fromfile(raw))
-        cold, raw_cold, nic_cold = [], [], []
+        cold, raw_cold, raw_cold_direct, nic_cold = [], [], [], []
+        direct = _can_read_direct(raw)
         for _ in trials_within(trials, budget_s / 2):
             _drop_cache([raw, store_dir])
             cold.append(_store_read(store, hashes, rng, out))
             _drop_cache([raw, store_dir])
             raw_cold.append(_raw_read(raw, raw_buf, threads))
+            if direct:
+                _drop_cache([raw, store_dir])
+                raw_cold_direct.append(_raw_read(raw, raw_buf, threads, direct=True))
             _drop_cache([raw, store_dir])
             nic_cold.append(_nic_read(nic, store, hashes, rkv))
         nic.close()
     nbytes = n * layout.block_bytes
     read_cold, raw_read_cold, nic_read_cold = (_gbps(nbytes, statistics.median(w for w, _ in x))
                                                for x in (cold, raw_cold, nic_cold))
+    raw_read_cold_direct = _gbps(nbytes, statistics.median(w for w, _ in raw_cold_direct)) if raw_cold_direct else None
     read, raw_read, layer, layer_nic, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x))
                                                   for x in (s, r, lm, ln, f))
     checked = _gbps(nbytes, statistics.median(w for w, _ in rc))
@@ -170,7 +188,9 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
             "raw_checked_cpu_vs_raw": raw_cpu / checked_cpu, "read_vs_raw_checked": read / checked,
             "raw_fromfile_gbps": fromfile, "read_vs_raw_fromfile": read / fromfile,
             "read_cold_gbps": read_cold, "raw_read_cold_gbps": raw_read_cold,
-            "read_cold_vs_raw": read_cold / raw_read_cold, "read_layer_major_nic_cold_gbps": nic_read_cold,
+            "read_cold_vs_raw": read_cold / raw_read_cold, "raw_read_cold_direct_gbps": raw_read_cold_direct,
+            "read_cold_vs_raw_direct": read_cold / raw_read_cold_direct if raw_read_cold_direct else None,
+            "read_layer_major_nic_cold_gbps": nic_read_cold,
             "read_layer_major_nic_cold_vs_raw": nic_read_cold / raw_read_cold,
             "read_trials": len(s), "read_cold_trials": len(cold)}
 
@@ -312,7 +332,9 @@ def main(argv=None) -> dict:
     result["notes"] = (
         "Same disk, same run, page cache warm (read_cold_* and read_layer_major_nic_cold_*: every file of both sides "
         "dropped from the page cache with posix_fadvise(DONTNEED) before each read, so both read the disk, against "
-        "the same raw cold reads); medians of interleaved trials. "
+        "the same raw cold reads, buffered preadv; the store reads cold Full Blocks O_DIRECT, past the page cache, "
+        "so read_cold_vs_raw_direct holds them against a raw O_DIRECT read of the same file, one preadv per thread; "
+        "null where the file system has no O_DIRECT); medians of interleaved trials. "
         "Store reads: one get per request "
         "(read_*) or per layer (read_layer_major_*), or layer-major through an uncapped StorageNIC as a layerwise "
         "prefill reads (read_layer_major_nic_*: one RequestReads per request, one outcome per batch, not a "

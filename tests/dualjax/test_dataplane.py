@@ -160,6 +160,8 @@ def test_kvstore_benchmark_quick(tmp_path):
     assert result["raw_read_checked_gbps"] > 0 and result["read_vs_raw_checked"] > 0
     assert result["read_layer_major_nic_cold_gbps"] > 0
     assert result["qwen2.5-32b"]["read_layer_major_nic_cold_vs_raw"] > 0
+    direct = result["raw_read_cold_direct_gbps"]  # the raw O_DIRECT read, where the file system has it
+    assert (direct is None) == (result["read_cold_vs_raw_direct"] is None) and (direct is None or direct > 0)
     assert result["cap_target_mbps"] == 100.0
 
 
