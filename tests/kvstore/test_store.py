@@ -220,14 +220,12 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     truncated file's end are misses."""
     calls, real, cold = [], os.preadv, [False]
 
-    def preadv(fd, bufs, *a):  # a one-byte RWF_NOWAIT read asks whether a block is in the page cache
-        n = sum(memoryview(b).nbytes for b in bufs)
-        if n > 1:
-            calls.append(n)
-        elif cold[0]:
-            raise BlockingIOError(11, "not in the page cache (pretended)")
+    def preadv(fd, bufs, *a):
+        calls.append(sum(memoryview(b).nbytes for b in bufs))
         return real(fd, bufs, *a)
     monkeypatch.setattr(kv.reads.os, "preadv", preadv)
+    real_cached = kv.reads.page_cached
+    monkeypatch.setattr(kv.reads, "page_cached", lambda fd, offset: not cold[0] and real_cached(fd, offset))
     monkeypatch.setattr(kv.reads, "_open_direct", lambda path: None)  # a file system without O_DIRECT
     advised = []
     monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
@@ -271,6 +269,25 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     np.testing.assert_array_equal(got[0], blocks[0])
     assert got[1] is None and got[2] is None
     assert not advised  # only cold reads are announced
+
+
+@pytest.mark.parametrize("ask", ["cachestat", "mincore"])
+def test_page_cached_tells_a_cold_page_without_reading_it(tmp_path, monkeypatch, ask):
+    """`page_cached` asks the page cache (Linux's `cachestat`, else `mincore`), and asking reads
+    nothing in."""
+    if ask == "mincore":
+        monkeypatch.setattr(kv.reads, "_SYS_CACHESTAT", None)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not any(kv.reads.page_cached(fd, offset) for offset in (0, 5000, 1 << 19, 1 << 19))
+        os.pread(fd, 10, 300_000)
+        assert kv.reads.page_cached(fd, 300_000) and not kv.reads.page_cached(fd, 0)
+    finally:
+        os.close(fd)
 
 
 def test_a_cold_read_bypasses_the_page_cache_checked_and_falls_back_where_refused(tmp_path, store, monkeypatch):
