@@ -23,7 +23,8 @@ import tensorstore as ts
 
 from kvstore.hashing import check_hash
 from kvstore.layout import BlockLayout
-from kvstore.reads import page_cached, pread_rows
+from kvstore.pagecache import page_cached
+from kvstore.reads import pread_rows
 from kvstore.segments import (
     SegmentFile,
     encode_entry,
@@ -109,9 +110,9 @@ class SegmentFiles:
         Returns the blocks' layer checksums [n, L] and the entry. On a local directory this thread
         creates the file and writes the index and blocks with one pwritev while the writer thread
         checksums the blocks and encodes the entry (the shorter of the two, so the hand-over to
-        the writer thread is not on a put's path: until 2026-12-02 the roles were the other way
-        round, and `small` puts ran at 0.43-0.52 of the raw write against 0.58-0.64 since); on
-        two free cores a put takes about as long as the copy. Elsewhere one TensorStore write."""
+        the writer thread is not on a put's path; until 2026-12-02 the roles were the other way
+        round: docs/store.md has what that changed, within this machine's noise); on two free
+        cores a put takes about as long as the copy. Elsewhere one TensorStore write."""
         S, layout = self.S, self.layout
         bids, blocks, slots = ([item[k] for item in items] for k in range(3))
         index, sums = shard_index(layout, S, slots[0] % S, len(items)), np.empty((len(items), layout.n_layers), "<u8")
@@ -201,7 +202,7 @@ class SegmentFiles:
         """Start reading the blocks of `entries` [(slot, layer checksums)] (layers `sel`) into rows
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
-        `out` by `preadv` (whole blocks not in the page cache announced to the kernel first) and checks
+        `out` by `preadv` (whole blocks not in the page cache read past it, `O_DIRECT`) and checks
         their checksums (its future gives {slot: why} for blocks that failed); elsewhere one
         TensorStore read (its future raises when any block failed; the caller checks checksums)."""
         if not self.preads(out):

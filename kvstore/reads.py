@@ -6,100 +6,20 @@ checked as they land (`pread_rows`). Uses only the store's public methods."""
 from __future__ import annotations
 
 import collections
-import ctypes
 import errno
-import mmap
 import os
-import sys
 
 import numpy as np
 import tensorstore as ts
 import xxhash
 
 from kvstore.hashing import check_hash
+from kvstore.pagecache import DIRECT_ALIGN, page_cached, set_direct, will_need
 from kvstore.segments import IOV_MAX
 
 VERIFY_BYTES = 1 << 20  # bytes per preadv, verified before the next: they fit a core's L2 cache
 DIRECT_BYTES = 4 << 20  # bytes per preadv of a cold read that bypasses the page cache (O_DIRECT)
 READ_GROUP_BYTES = 8 << 20  # one read task covers up to this many bytes of a get
-
-
-class _CacheRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _CacheStat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted",
-                                                     "nr_recently_evicted")]
-
-
-def _libc():
-    """libc's syscall, mmap, mincore and munmap (ctypes), or None where the platform has not got them."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        calls = libc.syscall, libc.mmap, libc.mincore, libc.munmap
-    except (OSError, AttributeError):
-        return None
-    calls[1].restype = ctypes.c_void_p
-    calls[1].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
-    calls[2].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    calls[3].argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return calls
-
-
-_LIBC = _libc()
-_SYS_CACHESTAT = 451 if sys.platform.startswith("linux") else None  # Linux >= 6.5, one number on every architecture
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def page_cached(fd: int, offset: int) -> bool:
-    """Whether the page holding byte `offset` of `fd` is in the page cache, asked without reading
-    it: Linux's `cachestat` (about 3 µs here), else the page mapped and asked with `mincore`
-    (about 20 µs, and its unmapping interrupts every core the process runs on). The probe until
-    2026-12-02, a one-byte `RWF_NOWAIT` read, starts the kernel's readahead on a miss, and a disk
-    that answers within the call (a virtual disk its host caches) then made a cold block look
-    cached. Where the platform cannot tell, and past the file's end (its read will find it
-    short), cached."""
-    global _SYS_CACHESTAT
-    if _LIBC is None or offset >= os.fstat(fd).st_size:
-        return True
-    syscall, mmap_, mincore, munmap = _LIBC
-    start = offset - offset % mmap.PAGESIZE
-    if _SYS_CACHESTAT is not None:
-        stat = _CacheStat()
-        if syscall(_SYS_CACHESTAT, fd, ctypes.byref(_CacheRange(start, mmap.PAGESIZE)), ctypes.byref(stat), 0) == 0:
-            return stat.nr_cache > 0
-        _SYS_CACHESTAT = None  # an older kernel (ENOSYS), or a sandbox that refuses it: mincore from now on
-    addr = mmap_(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
-    if addr in (None, _MAP_FAILED):
-        return True
-    try:
-        vec = ctypes.create_string_buffer(1)
-        return mincore(addr, mmap.PAGESIZE, vec) != 0 or bool(vec.raw[0] & 1)
-    finally:
-        munmap(addr, mmap.PAGESIZE)
-
-
-def _open_direct(path) -> int | None:
-    """`path` opened for reads that bypass the page cache (`O_DIRECT`: the disk's DMA lands in the
-    caller's buffer, no kernel copy), or None where the platform or file system has none."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except (AttributeError, OSError):
-        return None
-
-
-def _will_need(fd: int, ranges) -> None:
-    """Tell the kernel every (offset, length) of `ranges` is about to be read
-    (`posix_fadvise(WILLNEED)`): it starts reading them ahead at once (Linux: up to the larger of
-    the device's readahead and its largest request per call), so the disk is not left idle between
-    one `preadv` and the next. Only advice: where the platform or file cannot take it, nothing."""
-    if hasattr(os, "posix_fadvise"):
-        for offset, length in ranges:
-            try:
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                return
 
 
 def _mismatch(block: np.ndarray, sums, layers: range) -> str | None:
@@ -116,7 +36,8 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
     Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out` with
     `preadv`, and check each Layer Block read against its checksum as it lands: whole blocks of
-    consecutive slots as one run (announced to the kernel first when not in the page cache), some
+    consecutive slots as one run (when not in the page cache, read past it with `O_DIRECT`, or
+    where that cannot be, announced to the kernel first), some
     of a block's layers as a run of their own, one layer one Layer Block per block. `entries`:
     (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks that failed (missing
     file, short file, I/O error, checksum mismatch)."""
@@ -132,7 +53,6 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
         except OSError as e:
             failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
             continue
-        direct = None
         try:
             if sel.stop - sel.start == 1:  # a layer-major read: one Layer Block per block, not adjacent in the file
                 failed.update(_pread_layer(fd, path, layout, S, data_offset, out, items, sel.start))
@@ -143,18 +63,24 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                     runs[-1].append(item)
                 else:
                     runs.append([item])
+            direct = False
             if whole and not page_cached(fd, data_offset + items[0][0] % S * layout.block_bytes):
-                direct = _open_direct(path)  # cold: straight from the disk or, where it cannot, announced
-                if direct is None:
-                    _will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes,
-                                     len(run) * layout.block_bytes) for run in runs])
+                # cold: straight from the disk where the file system and the alignment allow, else announced
+                direct = _aligned(out, data_offset, layout.layer_bytes) and set_direct(fd)
+                if not direct:
+                    will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
+                                   for run in runs])
             for run in runs:
                 failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel, direct))
         finally:
             os.close(fd)
-            if direct is not None:
-                os.close(direct)
     return failed
+
+
+def _aligned(out: np.ndarray, *offsets: int) -> bool:
+    """Whether every Layer Block of `out` (its rows and layers) and every file offset in `offsets`
+    lie on `DIRECT_ALIGN` boundaries, as an `O_DIRECT` read needs."""
+    return all(x % DIRECT_ALIGN == 0 for x in (out.ctypes.data, *out.strides[:2], *offsets))
 
 
 def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, items: list,
@@ -179,19 +105,19 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
 
 
 def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
-               sel: slice, direct: int | None = None) -> dict[int, str]:
+               sel: slice, direct: bool = False) -> dict[int, str]:
     """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` (or one Layer Block,
     if larger) per `preadv`, so a block larger than that takes several; each chunk's Layer Blocks
     checked against their checksums right after it lands, while they are still in this core's
     cache (a checksum pass over memory costs half a copy; over cache, a fraction). Each Layer Block
     of `out` is contiguous; the rows need not be (a layer-major buffer's are not), so the iovecs
-    are then Layer Blocks. `direct`: the file opened `O_DIRECT` for a cold read, `DIRECT_BYTES` per
-    call (the checks then read memory, not cache, but no kernel copy went before them); a call
-    it refuses (`EINVAL`: an offset, length or buffer not aligned as the device needs) and the
-    rest of the run go through `fd`."""
+    are then Layer Blocks. `direct`: `fd` reads `O_DIRECT` (a cold read), `DIRECT_BYTES` per call
+    (the checks then read memory, not cache, but no kernel copy went before them); should the
+    device refuse a call all the same (`EINVAL`: it needs a coarser alignment), `O_DIRECT` is
+    turned off and the call and the rest of the run go through the page cache."""
     n, lb = sel.stop - sel.start, layout.layer_bytes
     contiguous = out[run[0][1]].flags.c_contiguous  # one iovec per block's share of a chunk
-    per = max(1, min((VERIFY_BYTES if direct is None else DIRECT_BYTES) // lb, IOV_MAX))  # Layer Blocks per preadv
+    per = max(1, min((DIRECT_BYTES if direct else VERIFY_BYTES) // lb, IOV_MAX))  # Layer Blocks per preadv
     offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * lb
     failed: dict[int, str] = {}
     for c in range(0, len(run) * n, per):
@@ -202,11 +128,12 @@ def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.nda
             else [out[run[k][1], layer].reshape(-1).view(np.uint8) for k, a, b in spans for layer in range(a, b)]
         try:
             try:
-                got = os.preadv(fd if direct is None else direct, iov, offset + c * lb)
+                got = os.preadv(fd, iov, offset + c * lb)
             except OSError as e:
-                if direct is None or e.errno != errno.EINVAL:
+                if not direct or e.errno != errno.EINVAL:
                     raise
-                direct, got = None, os.preadv(fd, iov, offset + c * lb)
+                direct = set_direct(fd, False)
+                got = os.preadv(fd, iov, offset + c * lb)
             landed = c + got // lb  # Layer Blocks of the run read so far
         except OSError as e:
             return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c // n:] if slot not in failed}

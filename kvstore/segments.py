@@ -188,7 +188,7 @@ class SegmentFile:
         try:
             _preallocate(self.fd, size)
             _pwrite_all(self.fd, parts, 0)
-        except OSError:
+        except BaseException:  # an interrupt too: this runs on the caller's thread
             self.discard()
             raise
 
@@ -202,7 +202,7 @@ class SegmentFile:
             fd, self.fd = self.fd, None
             os.close(fd)
             os.replace(self.tmp, self.path)
-        except OSError:
+        except BaseException:
             self.discard()
             raise
 

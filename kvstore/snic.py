@@ -178,9 +178,9 @@ class StorageNIC:
         # whole blocks are long runs the disk streams past the page cache (kvstore/reads.py), where a
         # layer's Layer Blocks are short reads a block apart (3.3x as long for `small` here). Its
         # layers are then all ready at the end, no sooner. Capped, the emulated link's order stays.
-        layer_major = t.layer_major and (self.cap is not None or not reads.cold())
-        batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes, layer_major)
         try:
+            layer_major = t.layer_major and (self.cap is not None or not reads.cold())
+            batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes, layer_major)
             for i, (b0, b1, layers) in enumerate(batches):
                 good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
                 batch, due = None, 0.0

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import xxhash
 
+from kvstore.pagecache import DIRECT_ALIGN, set_direct
 from kvstore.reads import VERIFY_BYTES
 
 
@@ -80,14 +81,18 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
     page-aligned, each share a whole number of pages)."""
     view = buf.reshape(-1).view(np.uint8)
     share = -(-view.nbytes // threads)
+    fd = os.open(path, os.O_RDONLY)
     if direct:
-        share = -(-share // 4096) * 4096
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        share = -(-share // DIRECT_ALIGN) * DIRECT_ALIGN
+        if view.ctypes.data % DIRECT_ALIGN or not set_direct(fd):
+            os.close(fd)
+            raise ValueError(f"raw_parallel_read: no O_DIRECT read of {path} into this buffer")
 
     def read(i: int) -> None:
         mine = view[i * share:(i + 1) * share]
         if not checksum_bytes:
-            os.preadv(fd, [mine], i * share)
+            if os.preadv(fd, [mine], i * share) != mine.nbytes:  # a short read would overstate GB/s
+                raise OSError(f"short read of {path}")
             return
         for c in range(0, mine.size, VERIFY_BYTES):
             chunk = mine[c:c + VERIFY_BYTES]

@@ -92,7 +92,7 @@ def test_an_uncapped_layer_major_read_of_cold_blocks_goes_block_by_block(tmp_pat
     monkeypatch.setattr(kv.reads.RequestReads, "submit",
                         lambda self, b0, b1, layers: submitted.append(len(layers)) or real_submit(self, b0, b1, layers))
     cold = [False]
-    real_cached = kv.reads.page_cached
+    real_cached = kv.pagecache.page_cached
     monkeypatch.setattr(kv.files, "page_cached", lambda fd, offset: not cold[0] and real_cached(fd, offset))
     with kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT) as store:
         store.put(ids, blocks)
