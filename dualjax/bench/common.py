@@ -104,3 +104,17 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
             list(pool.map(read, range(threads)))
     finally:
         os.close(fd)
+
+
+def drop_page_cache(paths: list[str]) -> None:
+    """Evict the files under `paths` from the page cache (`posix_fadvise(DONTNEED)` on clean pages,
+    no privileges needed), so the next read comes from the disk: a cold read."""
+    files = [p for p in paths if os.path.isfile(p)]
+    files += [os.path.join(d, f) for p in paths if os.path.isdir(p) for d, _, fs in os.walk(p) for f in fs]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -36,7 +36,7 @@ import tensorstore as ts
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, parser, raw_parallel_read, trials_within
+from dualjax.bench.common import drop_page_cache, emit, parser, raw_parallel_read, trials_within
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 from kvstore.pagecache import set_direct
@@ -155,14 +155,14 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
         direct = set_direct(fd)  # the file system reads past the page cache
         os.close(fd)
         for _ in trials_within(trials, budget_s / 2):
-            _drop_cache([raw, store_dir])
+            drop_page_cache([raw, store_dir])
             cold.append(_store_read(store, hashes, rng, out))
-            _drop_cache([raw, store_dir])
+            drop_page_cache([raw, store_dir])
             raw_cold.append(_raw_read(raw, raw_buf, threads))
             if direct:
-                _drop_cache([raw, store_dir])
+                drop_page_cache([raw, store_dir])
                 raw_cold_direct.append(_raw_read(raw, raw_buf, threads, direct=True))
-            _drop_cache([raw, store_dir])
+            drop_page_cache([raw, store_dir])
             nic_cold.append(_nic_read(nic, store, hashes, rkv))
         nic.close()
     nbytes = n * layout.block_bytes
@@ -187,20 +187,6 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
             "read_layer_major_nic_cold_gbps": nic_read_cold,
             "read_layer_major_nic_cold_vs_raw": nic_read_cold / raw_read_cold,
             "read_trials": len(s), "read_cold_trials": len(cold)}
-
-
-def _drop_cache(paths: list[str]) -> None:
-    """Evict the files under `paths` from the page cache (`posix_fadvise(DONTNEED)` on clean pages,
-    no privileges needed), so the next read comes from the disk: a cold read."""
-    files = [p for p in paths if os.path.isfile(p)]
-    files += [os.path.join(d, f) for p in paths if os.path.isdir(p) for d, _, fs in os.walk(p) for f in fs]
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:

@@ -138,6 +138,8 @@ def test_dataplane_benchmark_quick(tmp_path):
         for path in ("pe", "de"):
             assert 0 < result[run]["stages"][path]["first_layer_s"] < result[run]["stage_s"][path]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
+    cold = result["embedded_cold"]  # the same run from the disk: every figure, its own raw reads
+    assert cold["raw_read_gbps"] > 0 and cold["pe_vs_raw"] > 0 and cold["de_vs_raw"] > 0 and cold["trials"] > 0
 
 
 def test_dataplane_bound_is_the_slowest_stage_or_the_stages_cpu_over_the_cores():
