@@ -106,15 +106,38 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
         os.close(fd)
 
 
+def _files(paths: list[str]) -> list[str]:
+    """The files among `paths` and under its directories, each once (a store's index entries are
+    hard links to its segment files)."""
+    found = [p for p in paths if os.path.isfile(p)] + [
+        os.path.join(d, f) for p in paths if os.path.isdir(p) for d, _, fs in os.walk(p) for f in fs]
+    seen, out = set(), []
+    for path in found:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            out.append(path)
+    return out
+
+
 def drop_page_cache(paths: list[str]) -> None:
     """Evict the files under `paths` from the page cache (`posix_fadvise(DONTNEED)` on clean pages,
     no privileges needed), so the next read comes from the disk: a cold read."""
-    files = [p for p in paths if os.path.isfile(p)]
-    files += [os.path.join(d, f) for p in paths if os.path.isdir(p) for d, _, fs in os.walk(p) for f in fs]
-    for path in files:
+    for path in _files(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)  # dirty pages cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def load_page_cache(paths: list[str]) -> None:
+    """Read the files under `paths` through the page cache, so the next read of them is warm. A
+    warm figure needs it after a cold one: the store reads a block whose first page is not cached
+    past the page cache (`O_DIRECT`), so a cold store stays cold however often it is read."""
+    buf = bytearray(8 << 20)
+    for path in _files(paths):
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass

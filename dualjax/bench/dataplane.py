@@ -1,7 +1,7 @@
 """The data plane end to end, uncapped: hit-KV bytes per second each read path delivers into the
 prefill computation, against a raw read of the same bytes from the same disk in the same run.
 
-    dualjax bench dataplane --json FILE [--plot PNG] [--quick] [--embedded-only]
+    dualjax bench dataplane --json FILE [--plot PNG] [--quick] [--embedded-only] [--budget-s S]
 
 No storage-NIC cap and no model compute (the "computation" takes each layer as a device array and
 does nothing else), so what is measured is the runtime's own data movement:
@@ -19,7 +19,9 @@ raw = the same bytes read from one file on the same disk into a reused buffer by
 alone (page cache warm, as the store's files are); raw_parallel (`*_vs_raw_parallel`) = the same
 read by as many threads as the store reads with (`bench kvstore`'s yardstick, the stricter one).
 Trials interleave every figure, so load from other jobs hits them alike; GB/s are medians over
-trials, ratios medians of each trial's ratio.
+trials, ratios medians of each trial's ratio. Each of the three runs (embedded, embedded cold,
+mpiexec) starts no new trial once `--budget-s` seconds of its trials have passed (after two), so
+a slow machine or disk bounds its own wall time; `trials` says how many ran.
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import drop_page_cache, emit, machine, parser, raw_parallel_read
+from dualjax.bench.common import (
+    drop_page_cache,
+    emit,
+    load_page_cache,
+    machine,
+    parser,
+    raw_parallel_read,
+    trials_within,
+)
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
@@ -237,9 +247,10 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
     return res
 
 
-def measure_embedded(d: Data, trials: int, cold: bool = False) -> dict:
+def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) -> dict:
     """Every figure in one process (`cold`: the store's and the raw file's pages dropped from the
-    page cache before each, untimed, so every read comes from the disk)."""
+    page cache before each, untimed, so every read comes from the disk); no new trial once
+    `budget_s` has passed (after two)."""
     from dualjax.runtime.transport import InProcFabric
     nic, pe_bufs, de_bufs, fabric = kv.StorageNIC("pe"), d.buffers(), d.buffers(), InProcFabric(2)
     run = {"raw": d.raw_read, "raw_parallel": d.raw_parallel_read, "store_read": lambda: store_read(d, nic, pe_bufs),
@@ -250,10 +261,12 @@ def measure_embedded(d: Data, trials: int, cold: bool = False) -> dict:
         if cold:
             drop_page_cache([d.raw_path, d.store_dir])
         return _timed(fn)
+    if not cold:
+        load_page_cache([d.raw_path, d.store_dir])
     for fn in run.values():  # warm-up: page cache, compiles, pools
         fn()
     runs = []
-    for _ in range(trials):  # interleaved, so load from other jobs hits every figure alike
+    for _ in trials_within(trials, budget_s):  # interleaved, so load from other jobs hits every figure alike
         runs.append({k: timed(fn) for k, fn in run.items()} | device_stages(d, pe_bufs))
     nic.close()
     cores = len(os.sched_getaffinity(0))
@@ -267,10 +280,11 @@ def _barrier(comm) -> None:
         time.sleep(0.0005)
 
 
-def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trials: int) -> None:
+def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trials: int, budget_s: float) -> None:
     """Rank 1 = DE (reads, relays), rank 0 = PE (receives, delivers). Single-rank stages (raw,
     store read, PE path, device) run on rank 0 while rank 1 waits; CPU seconds add both ranks. The
-    PE path's bound counts rank 0's cores, the DE path's those of both ranks."""
+    PE path's bound counts rank 0's cores, the DE path's those of both ranks. Rank 0's clock
+    decides whether another trial starts (`budget_s`), and both ranks follow it."""
     from mpi4py import MPI
 
     from dualjax.runtime.transport import MpiTransport
@@ -296,10 +310,13 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
         _barrier(comm)
         return got
 
+    if comm.rank == 0:  # the page cache is the machine's: both ranks read warm
+        load_page_cache([d.raw_path, d.store_dir])
     for fn in run.values():
         timed(fn)
     runs = []
-    for _ in range(trials):
+    go = iter(trials_within(trials, budget_s))
+    while comm.bcast(next(go, None) is not None if comm.rank == 0 else None):
         got = {k: timed(fn) for k, fn in run.items()}
         _barrier(comm)
         got |= device_stages(d, bufs) if comm.rank == 0 else {}
@@ -320,27 +337,32 @@ def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--embedded-only", action="store_true", help="skip the mpiexec run")
     p.add_argument("--plot", metavar="PNG", help="also draw where each path's time goes (per run and path) to PNG")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds of trials per run (embedded, embedded cold, mpiexec), after which no new trial "
+                        "starts (default 30, 10 with --quick)")
     p.add_argument("--under-mpi", nargs=2, metavar=("OUT", "DIR"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    requests, hit_tokens, trials = (2, 4096, 5) if args.quick else (4, 8192, 9)
+    requests, hit_tokens, trials, budget_s = (2, 4096, 5, 10.0) if args.quick else (4, 8192, 9, 30.0)
+    if args.budget_s is not None:
+        budget_s = args.budget_s
     if args.under_mpi:
-        under_mpi(*args.under_mpi, requests, hit_tokens, trials)
+        under_mpi(*args.under_mpi, requests, hit_tokens, trials, budget_s)
         return {}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-dataplane-") as workdir:
         d = Data(workdir, requests, hit_tokens, create=True)
         result = {"benchmark": "dataplane", "machine": machine(), "layout": d.layout.describe(),
                   "requests": requests, "hit_tokens_per_request": hit_tokens}
-        result["embedded"] = measure_embedded(d, trials)
-        result["embedded_cold"] = measure_embedded(d, trials, cold=True)
-        d.store.close()
+        result["embedded"] = measure_embedded(d, trials, budget_s)
         if not args.embedded_only:
             from dualjax.runtime.launch import mpiexec
             out = os.path.join(workdir, "mpi.json")
             cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
-                   "--under-mpi", out, workdir] + (["--quick"] if args.quick else [])
+                   "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
             subprocess.run(cmd, check=True, timeout=900)
             result["mpi"] = json.load(open(out))
+        result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: it leaves the store cold
+        d.store.close()
     top = result.get("mpi", result["embedded"])
     result.update({k: top[k] for k in ("pe_vs_raw", "de_vs_raw", "raw_read_gbps", "store_vs_raw", "pe_vs_store",
                                        "de_vs_store", "pe_bound_vs_raw", "de_bound_vs_raw", "pe_vs_bound",
