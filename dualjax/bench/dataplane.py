@@ -10,14 +10,16 @@ does nothing else), so what is measured is the runtime's own data movement:
 * DE path: store -> DE buffer -> relay of each layer's slice (as it lies in the buffer) over the
   transport -> PE receive buffer -> device.
 Both paths run embedded (one process, in-process transport) and under `mpiexec -n 2` (rank 1 the
-DE, rank 0 the PE, `MpiTransport` over MPICH shared memory). Every stage is also timed alone on the
-same bytes (`stage_gbps`, `stage_s`, `cpu_s`; the device stages `h2d` and `d2h` apart), and
-`stages` says per path where its time goes against the raw read: the store's own shortfall
-(`store_over_raw_s`), what the data plane adds beyond the store read (`dataplane_over_store_s`),
-the least time its stages allow on this machine (`bound_s`) and its fill (`first_layer_s`).
-raw = the same bytes read from one file on the same disk into a reused buffer by one process
-alone (page cache warm, as the store's files are); raw_parallel (`*_vs_raw_parallel`) = the same
-read by as many threads as the store reads with (`bench kvstore`'s yardstick, the stricter one).
+DE, rank 0 the PE, `MpiTransport` over MPICH shared memory), from the page cache; then embedded
+again from the disk (`embedded_cold`), last, since a store block read cold stays cold. Every
+stage is also timed alone on the same bytes (`stage_gbps`, `stage_s`, `cpu_s`; the device stages
+`h2d` and `d2h` apart), and `stages` says per path where its time goes against the raw read: the
+store's own shortfall (`store_over_raw_s`), what the data plane adds beyond the store read
+(`dataplane_over_store_s`), the least time its stages allow on this machine (`bound_s`) and its
+fill (`first_layer_s`). raw = the same bytes read from one file on the same disk into a reused
+buffer by one process alone (page cache warm, as the store's files are; cold in `embedded_cold`);
+raw_parallel (`*_vs_raw_parallel`) = the same read by as many threads as the store reads with
+(`bench kvstore`'s yardstick, the stricter one).
 Trials interleave every figure, so load from other jobs hits them alike; GB/s are medians over
 trials, ratios medians of each trial's ratio. Each of the three runs (embedded, embedded cold,
 mpiexec) starts no new trial once `--budget-s` seconds of its trials have passed (after two), so
@@ -248,9 +250,10 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
 
 
 def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) -> dict:
-    """Every figure in one process (`cold`: the store's and the raw file's pages dropped from the
-    page cache before each, untimed, so every read comes from the disk); no new trial once
-    `budget_s` has passed (after two)."""
+    """Every figure in one process, from the page cache (every file read through it first: a store
+    block read cold goes past it and would stay cold), or with `cold` from the disk (the store's
+    and the raw file's pages dropped before each figure, untimed); no new trial once `budget_s`
+    has passed (after two)."""
     from dualjax.runtime.transport import InProcFabric
     nic, pe_bufs, de_bufs, fabric = kv.StorageNIC("pe"), d.buffers(), d.buffers(), InProcFabric(2)
     run = {"raw": d.raw_read, "raw_parallel": d.raw_parallel_read, "store_read": lambda: store_read(d, nic, pe_bufs),
@@ -263,7 +266,7 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
         return _timed(fn)
     if not cold:
         load_page_cache([d.raw_path, d.store_dir])
-    for fn in run.values():  # warm-up: page cache, compiles, pools
+    for fn in run.values():  # warm-up: compiles, pools (and the page cache's metadata)
         fn()
     runs = []
     for _ in trials_within(trials, budget_s):  # interleaved, so load from other jobs hits every figure alike
@@ -310,16 +313,14 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
         _barrier(comm)
         return got
 
-    if comm.rank == 0:  # the page cache is the machine's: both ranks read warm
-        load_page_cache([d.raw_path, d.store_dir])
     for fn in run.values():
         timed(fn)
     runs = []
-    go = iter(trials_within(trials, budget_s))
+    go = trials_within(trials, budget_s)
     while comm.bcast(next(go, None) is not None if comm.rank == 0 else None):
         got = {k: timed(fn) for k, fn in run.items()}
-        _barrier(comm)
         got |= device_stages(d, bufs) if comm.rank == 0 else {}
+        _barrier(comm)  # rank 1 sleeps here while rank 0 times the device stages (a bcast would spin a core)
         runs.append(got)
     _barrier(comm)
     t.close()
@@ -356,14 +357,18 @@ def main(argv=None) -> dict:
         result["embedded"] = measure_embedded(d, trials, budget_s)
         if not args.embedded_only:
             from dualjax.runtime.launch import mpiexec
+            load_page_cache([d.raw_path, d.store_dir])  # the page cache is the machine's: both ranks read warm
             out = os.path.join(workdir, "mpi.json")
             cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
                    "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
             subprocess.run(cmd, check=True, timeout=900)
             result["mpi"] = json.load(open(out))
-        result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: it leaves the store cold
-        d.store.close()
+        try:
+            result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: it leaves the store cold
+        finally:
+            d.store.close()
     top = result.get("mpi", result["embedded"])
+    result["budget_s"] = budget_s
     result.update({k: top[k] for k in ("pe_vs_raw", "de_vs_raw", "raw_read_gbps", "store_vs_raw", "pe_vs_store",
                                        "de_vs_store", "pe_bound_vs_raw", "de_bound_vs_raw", "pe_vs_bound",
                                        "de_vs_bound", "pe_vs_raw_parallel", "de_vs_raw_parallel",
@@ -382,10 +387,13 @@ def main(argv=None) -> dict:
         "beat it a little); first_layer_s: from the start until the path's first layer reached the computation "
         "(a pipeline's fill: the rest of the path streams behind it); *_bound_vs_raw = raw / bound (about the "
         "most this machine allows the path), *_vs_bound = bound / path (how much of that the path reaches). "
-        "embedded_cold: the embedded run again with every file of the store and the raw file dropped from the page "
-        "cache (posix_fadvise DONTNEED, untimed) before each figure, so both paths and both raw reads come from the "
-        "disk: the storage-bound regime DualPath is for (the store reads such blocks O_DIRECT, block by block; "
-        "the raw reads stay buffered). "
+        "embedded and mpi read from the page cache (every file read through it before each run). "
+        "embedded_cold: the embedded run again, last, with every file of the store and the raw file dropped from "
+        "the page cache (posix_fadvise DONTNEED, untimed) before each figure, so both paths and both raw reads come "
+        "from the disk: the storage-bound regime DualPath is for (the store reads such blocks O_DIRECT, block by "
+        "block, past the page cache, so they stay cold; the raw reads stay buffered). Each run interleaves its "
+        "trials and starts no new one once budget_s seconds of them have passed (at least two): trials says how "
+        "many ran. "
         "CPU backend: page-aligned host buffers are aliased by jax.device_put (h2d free) and "
         "np.asarray of a device array is a view (d2h free); on an accelerator both are DMA copies.")
     if args.plot:

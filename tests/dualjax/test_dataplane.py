@@ -217,3 +217,15 @@ def test_load_page_cache_makes_a_dropped_file_warm_again(tmp_path):
         assert page_cached(fd, 0) and page_cached(fd, (4 << 20) - 4096)
     finally:
         os.close(fd)
+
+
+def test_page_cache_helpers_visit_a_hard_linked_file_once(tmp_path):
+    """A store's index entries are hard links to its segment files: each file is read (or dropped) once."""
+    from dualjax.bench.common import _files
+    (tmp_path / "data").mkdir()
+    (tmp_path / "index").mkdir()
+    (tmp_path / "data" / "seg").write_bytes(b"x" * 4096)
+    for h in ("a", "b", "c"):
+        os.link(tmp_path / "data" / "seg", tmp_path / "index" / h)
+    (tmp_path / "other").write_bytes(b"y")
+    assert len(_files([str(tmp_path)])) == 2
