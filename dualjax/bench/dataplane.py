@@ -352,21 +352,19 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-dataplane-") as workdir:
         d = Data(workdir, requests, hit_tokens, create=True)
-        result = {"benchmark": "dataplane", "machine": machine(), "layout": d.layout.describe(),
-                  "requests": requests, "hit_tokens_per_request": hit_tokens}
-        result["embedded"] = measure_embedded(d, trials, budget_s)
-        if not args.embedded_only:
-            from dualjax.runtime.launch import mpiexec
-            load_page_cache([d.raw_path, d.store_dir])  # the page cache is the machine's: both ranks read warm
-            out = os.path.join(workdir, "mpi.json")
-            cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
-                   "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
-            subprocess.run(cmd, check=True, timeout=900)
-            result["mpi"] = json.load(open(out))
-        try:
-            result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: it leaves the store cold
-        finally:
-            d.store.close()
+        with d.store:  # closed however the run ends
+            result = {"benchmark": "dataplane", "machine": machine(), "layout": d.layout.describe(),
+                      "requests": requests, "hit_tokens_per_request": hit_tokens}
+            result["embedded"] = measure_embedded(d, trials, budget_s)
+            if not args.embedded_only:
+                from dualjax.runtime.launch import mpiexec
+                load_page_cache([d.raw_path, d.store_dir])  # the page cache is the machine's: both ranks read warm
+                out = os.path.join(workdir, "mpi.json")
+                cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
+                       "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
+                subprocess.run(cmd, check=True, timeout=900)
+                result["mpi"] = json.load(open(out))
+            result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: the store stays cold
     top = result.get("mpi", result["embedded"])
     result["budget_s"] = budget_s
     result.update({k: top[k] for k in ("pe_vs_raw", "de_vs_raw", "raw_read_gbps", "store_vs_raw", "pe_vs_store",
