@@ -82,6 +82,7 @@ class Data:
         self.store_dir = os.path.join(workdir, "store")
         self.store = kv.BlockStore(kv.local_spec(self.store_dir), self.layout)
         self.raw_path = os.path.join(workdir, "raw.bin")
+        self.files = [self.raw_path, self.store_dir]  # what the cold run drops from the page cache, the warm ones load
         rng, token_rng = np.random.default_rng(0), np.random.default_rng(1)  # every rank derives the same ids
         self.hashes = []
         for r in range(requests):
@@ -262,10 +263,10 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
 
     def timed(fn):
         if cold:
-            drop_page_cache([d.raw_path, d.store_dir])
+            drop_page_cache(d.files)
         return _timed(fn)
     if not cold:
-        load_page_cache([d.raw_path, d.store_dir])
+        load_page_cache(d.files)
     for fn in run.values():  # warm-up: compiles, pools (and the page cache's metadata)
         fn()
     runs = []
@@ -358,7 +359,7 @@ def main(argv=None) -> dict:
             result["embedded"] = measure_embedded(d, trials, budget_s)
             if not args.embedded_only:
                 from dualjax.runtime.launch import mpiexec
-                load_page_cache([d.raw_path, d.store_dir])  # the page cache is the machine's: both ranks read warm
+                load_page_cache(d.files)  # the page cache is the machine's: both ranks read warm
                 out = os.path.join(workdir, "mpi.json")
                 cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
                        "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
