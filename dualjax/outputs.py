@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -16,6 +17,37 @@ from dualjax.plots import plot_run
 
 class OutputError(FileNotFoundError):
     """A directory that holds no run outputs."""
+
+
+def unwritable_dir(path: str) -> str | None:
+    """Why `path` cannot hold a command's outputs, or None: it is made now, with its parents, so that
+    a long run never ends failing to write its result."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path} is a file, not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot make directory {path}: {e.strerror}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"cannot write into {path}: permission denied"
+    return None
+
+
+def output_dir(path: str) -> str:
+    """argparse type of a directory a command writes into (`unwritable_dir`: bad input if it cannot)."""
+    why = unwritable_dir(path)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return path
+
+
+def output_file(path: str) -> str:
+    """argparse type of a file a command writes (its JSON, a figure): its directory is made now
+    (`output_dir`); a path that is a directory is bad input."""
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path} is a directory, not a file")
+    output_dir(os.path.dirname(path) or ".")
+    return path
 
 
 def _on_run_clock(h: HostStats, t0: float) -> HostStats:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import xxhash
 
+from dualjax.outputs import output_file
 from kvstore.pagecache import DIRECT_ALIGN, set_direct
 from kvstore.reads import VERIFY_BYTES
 
@@ -45,7 +46,7 @@ def machine() -> dict:
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--json", metavar="FILE", help="also write the JSON object to FILE")
+    p.add_argument("--json", metavar="FILE", type=output_file, help="also write the JSON object to FILE")
     p.add_argument("--quick", action="store_true", help="smaller grid for CI smoke runs")
     return p
 

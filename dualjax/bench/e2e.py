@@ -48,7 +48,7 @@ import time
 from dualjax.bench.common import emit, parser
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.workload import get_workload, turn_lengths
-from dualjax.outputs import load_run
+from dualjax.outputs import load_run, output_dir
 from dualjax.plots import plot_compare
 from dualjax.runtime.launch import run_embedded
 from dualjax.runtime.startup import prefill_seconds
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
 
 def _parse(argv) -> argparse.Namespace:
     p = parser(__doc__)
-    p.add_argument("--out", default="runs/bench-e2e", help="where the runs and plots go")
+    p.add_argument("--out", default="runs/bench-e2e", type=output_dir, help="where the runs and plots go")
     p.add_argument("--storage-factor", type=float,
                    help=f"the cap makes one storage NIC need this many times the uncapped JCT (default {FACTOR:g}; "
                    f"{QUICK_FACTOR:g} with --quick)")

@@ -25,6 +25,7 @@ import sys
 
 from dualjax.cli.errors import user_errors
 from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
+from dualjax.outputs import output_dir, output_file
 
 BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
            "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e", "dataplane": "dualjax.bench.dataplane"}
@@ -54,14 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a small agentic workload on an embedded 1P1D cluster")
     demo.add_argument("--quick", action="store_true", help="fewer agents and turns, the tiny model (CI smoke run)")
     demo.add_argument("--model", help="model preset or checkpoint directory (default: small, or tiny with --quick)")
-    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument("--out", default="runs/demo", type=output_dir, help="output directory (default runs/demo)")
     run = sub.add_parser("run", help="one run on a cluster")
     add_flags(run, RunConfig)
     run.add_argument("--embedded", action="store_true", help="all hosts in this process (no MPI)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     ver = sub.add_parser("verify", help="bit-identical tokens across paths, layerwise modes and launchers")
-    ver.add_argument("--json", metavar="FILE")
-    ver.add_argument("--out", default="runs/verify")
+    ver.add_argument("--json", metavar="FILE", type=output_file)
+    ver.add_argument("--out", default="runs/verify", type=output_dir)
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     ver.add_argument("--model", default="tiny", help="model preset or checkpoint directory (default tiny)")
     plan.add_parser(sub)
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_parser(sub)
     rep = sub.add_parser("report", help="compare runs in one table and one figure")
     rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
-    rep.add_argument("--png", default="report.png", help="figure path (default report.png)")
+    rep.add_argument("--png", default="report.png", type=output_file, help="figure path (default report.png)")
     sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
     return parser
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from dualjax.outputs import output_file
+
 
 def add_parser(sub) -> None:
     from dualjax.cli.sim import add_sweep_flags
@@ -20,7 +22,7 @@ def add_parser(sub) -> None:
     plan.add_argument("--snic-gbps", type=float, help="Gbit/s per storage NIC (default: --cnic-gbps)")
     plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
     plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")
-    plan.add_argument("--json", metavar="FILE")
+    plan.add_argument("--json", metavar="FILE", type=output_file)
     add_sweep_flags(plan)
 
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args
+from dualjax.outputs import output_dir, output_file
 
 
 def add_parsers(sub) -> None:
@@ -19,15 +20,16 @@ def add_parsers(sub) -> None:
                      "each trial runs arrivals for five agent lifetimes and scores the window after the second")
     sim.add_argument("--slo-attainment", type=float, default=0.9,
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
-    sim.add_argument("--out", default="runs/sim", help="report.json, requests.npz and plots (default runs/sim)")
-    sim.add_argument("--json", metavar="FILE")
+    sim.add_argument("--out", default="runs/sim", type=output_dir,
+                     help="report.json, requests.npz and plots (default runs/sim)")
+    sim.add_argument("--json", metavar="FILE", type=output_file)
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     cal = sub.add_parser("calibrate", help="measure this machine into the simulator's `local` profile")
     cal.add_argument("--model", default="small")
     cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
                      "(default agentic-e2e, the e2e benchmark's)")
     cal.add_argument("--decode-slots", type=int, default=8)
-    cal.add_argument("--out", default=None, help="profile path (default runs/calibrate/local.json)")
+    cal.add_argument("--out", default=None, type=output_file, help="profile path (default runs/calibrate/local.json)")
 
 
 def add_sweep_flags(plan: argparse.ArgumentParser) -> None:
@@ -94,8 +96,9 @@ def ablation_main(argv) -> int:
     p = argparse.ArgumentParser(prog="dualjax sim ablation", description="Basic, + layerwise prefill, + dual-path "
                                 "loading (naive scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")
     add_flags(p, SimConfig, skip=("policy", "scheduler", "layerwise", "aps"))
-    p.add_argument("--json", metavar="FILE")
-    p.add_argument("--png", metavar="FILE", help="bar plot of JCT per step (default: next to --json, else none)")
+    p.add_argument("--json", metavar="FILE", type=output_file)
+    p.add_argument("--png", metavar="FILE", type=output_file,
+                   help="bar plot of JCT per step (default: next to --json, else none)")
     args = p.parse_args(argv)
     try:
         cfg = from_args(SimConfig, args)

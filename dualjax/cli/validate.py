@@ -23,6 +23,7 @@ import time
 
 from dualjax.bench.common import emit
 from dualjax.core.config import ClusterSpec, SimConfig
+from dualjax.outputs import output_dir, output_file
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 from dualjax.sim.resources import PassTable
@@ -35,11 +36,11 @@ SIM_RESERVE_S = 60.0  # wall time kept for the simulations (a few seconds here; 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="dualjax sim validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=output_file)
     p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
     p.add_argument("--storage-factor", type=float, help="passed to the e2e benchmark (its default: 6)")
     p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
-    p.add_argument("--out", default="runs/sim-validate")
+    p.add_argument("--out", default="runs/sim-validate", type=output_dir)
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
                    "calibrated first when missing)")
     p.add_argument("--recalibrate", action="store_true",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from dualjax.core.workload import PAPER_TABLE, length_stats
+from dualjax.outputs import output_file
 
 
 def add_parser(sub) -> None:
@@ -19,7 +20,7 @@ def add_parser(sub) -> None:
     st.add_argument("name", help="a workload preset or a trajectory file *.jsonl")
     st.add_argument("--agents", type=int, help="override the preset's number of agents")
     st.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    st.add_argument("--json", metavar="FILE")
+    st.add_argument("--json", metavar="FILE", type=output_file)
 
 
 def stats(name: str, agents: int | None = None, seed: int = 0) -> dict:

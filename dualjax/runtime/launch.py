@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 
-from dualjax.core.config import RunConfig
+from dualjax.core.config import ConfigError, RunConfig
 from dualjax.core.policies import Policy, get_policy
 from dualjax.core.workload import load_workload, slo_for, trace_hits
-from dualjax.outputs import write_run
+from dualjax.outputs import unwritable_dir, write_run
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
 from dualjax.runtime.prefill_host import PrefillHost
@@ -91,8 +91,11 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
 
 
 def check_run(cfg: RunConfig) -> None:
-    """Fail fast, before any process starts: presets and policy resolve, the workload loads,
-    buffers hold a block, the store matches."""
+    """Fail fast, before any process starts: the output directory can be written, presets and policy
+    resolve, the workload loads, buffers hold a block, the store matches."""
+    why = unwritable_dir(cfg.out)
+    if why:
+        raise ConfigError(f"--out: {why}")
     from dualjax.runtime.buffers import HostBuffer
     model_cfg = run_model(cfg).config
     layout = run_layout(cfg)

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
     use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
     from mpi4py import MPI
 
+    from dualjax.outputs import unwritable_dir
     from dualjax.runtime.launch import run_rank, summary_line
     from dualjax.runtime.transport import MpiTransport
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
     comm = MPI.COMM_WORLD
     if comm.Get_size() != cfg.cluster.size:
         raise SystemExit(f"cluster {cfg.cluster.name} needs {cfg.cluster.size} ranks, mpirun started {comm.Get_size()}")
+    if why := unwritable_dir(cfg.out):  # rank 0 writes the outputs at the end; every host opens the store in it
+        raise SystemExit(f"--out: {why}")
     transport = MpiTransport(comm)
     report = run_rank(transport, cfg, progress=comm.Get_rank() == 0 and not args.quiet)
     transport.close()

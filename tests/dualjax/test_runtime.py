@@ -175,6 +175,33 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     assert rc == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--embedded", "--quiet", "--out", "{file}"], "--out: {file} is a file, not a directory"),
+    (["run", "--embedded", "--quiet", "--out", "{file}/run"], "cannot make directory {file}/run"),
+    (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
+    (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
+    (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
+    (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
+    (["sim", "ablation", "--png", "{file}/a.png"], "{file} is a file, not a directory"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, argv, message):
+    """Bad input, one line and exit code 2 before the command starts, not a traceback once a long
+    benchmark has run."""
+    (tmp_path / "f").write_text("")
+    fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path)}
+    try:
+        rc = cli.main([a.format(**fill) for a in argv])
+    except SystemExit as e:  # argparse's own exit for a flag's bad value
+        rc = e.code
+    assert rc == 2 and message.format(**fill) in capsys.readouterr().err
+
+
+def test_an_output_file_s_missing_directories_are_made(tmp_path):
+    out = tmp_path / "a" / "b" / "w.json"
+    assert cli.main(["workload", "stats", "agentic-tiny", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())
+
+
 def test_a_store_of_another_model_is_refused(tmp_path, capsys):
     _run(tmp_path, "tiny", store=str(tmp_path / "store"), agents=1, turns=1)
     rc = cli.main(["run", "--embedded", "--quiet", "--model", "small", "--store", str(tmp_path / "store"),
