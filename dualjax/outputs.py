@@ -89,10 +89,19 @@ def write_run(out_dir: str, records: list[dict], hosts: list[HostStats], cfg, po
 def load_ttft(run_dir: str) -> np.ndarray:
     """Per-request TTFT of a run directory: from requests.jsonl, or a simulation's requests.npz."""
     npz = os.path.join(run_dir, "requests.npz")
-    if os.path.exists(npz):
-        return np.load(npz)["ttft"]
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
-        return np.array([json.loads(line)["ttft"] for line in f], float)
+    path = npz if os.path.exists(npz) else os.path.join(run_dir, "requests.jsonl")
+    try:
+        if path == npz:
+            return np.load(npz)["ttft"]
+        with open(path) as f:
+            return np.array([json.loads(line)["ttft"] for line in f], float)
+    except OSError as e:
+        raise OutputError(f"{run_dir}: {os.path.basename(path)}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, EOFError) as e:  # damaged: cut short, not JSON, no TTFT
+        raise OutputError(f"{path} is damaged: {e!r}") from None
+
+
+REPORT_KEYS = ("config", "policy", "jct_s")  # what `dualjax report` and the comparison plot read first
 
 
 def load_run(run_dir: str) -> tuple[dict, np.ndarray]:
@@ -100,5 +109,11 @@ def load_run(run_dir: str) -> tuple[dict, np.ndarray]:
     report_path = os.path.join(run_dir, "report.json")
     if not os.path.exists(report_path):
         raise OutputError(f"{run_dir}: no report.json (is it a run's --out directory?)")
-    with open(report_path) as f:
-        return json.load(f), load_ttft(run_dir)
+    try:
+        with open(report_path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        raise OutputError(f"{report_path} cannot be read: {e}") from None
+    if not isinstance(report, dict) or any(k not in report for k in REPORT_KEYS):
+        raise OutputError(f"{report_path} is not a dualjax run's report (no {', '.join(REPORT_KEYS)})")
+    return report, load_ttft(run_dir)

@@ -44,8 +44,9 @@ def machine() -> dict:
             "backend": jax.default_backend(), "devices": len(jax.devices())}
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def parser(description: str, name: str) -> argparse.ArgumentParser:
+    """The flags every benchmark takes; `name`: its name after `dualjax bench`."""
+    p = argparse.ArgumentParser(prog=f"dualjax bench {name}", description=description)
     p.add_argument("--json", metavar="FILE", type=output_file, help="also write the JSON object to FILE")
     p.add_argument("--quick", action="store_true", help="smaller grid for CI smoke runs")
     return p

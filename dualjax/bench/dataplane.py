@@ -53,6 +53,7 @@ from dualjax.bench.common import (
     raw_parallel_read,
     trials_within,
 )
+from dualjax.core.config import number
 from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
@@ -337,11 +338,11 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
 
 
 def main(argv=None) -> dict:
-    p = parser(__doc__)
+    p = parser(__doc__, "dataplane")
     p.add_argument("--embedded-only", action="store_true", help="skip the mpiexec run")
     p.add_argument("--plot", metavar="PNG", type=output_file,
                    help="also draw where each path's time goes (per run and path) to PNG")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=number(low_ok=True), default=None,
                    help="seconds of trials per run (embedded, embedded cold, mpiexec), after which no new trial "
                         "starts (default 30, 10 with --quick)")
     p.add_argument("--under-mpi", nargs=2, metavar=("OUT", "DIR"), help=argparse.SUPPRESS)

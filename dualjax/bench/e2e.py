@@ -46,7 +46,7 @@ import shutil
 import time
 
 from dualjax.bench.common import emit, parser
-from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.config import ClusterSpec, RunConfig, number
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import load_run, output_dir
 from dualjax.plots import plot_compare
@@ -96,12 +96,12 @@ def main(argv=None) -> dict:
 
 
 def _parse(argv) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, "e2e")
     p.add_argument("--out", default="runs/bench-e2e", type=output_dir, help="where the runs and plots go")
-    p.add_argument("--storage-factor", type=float,
+    p.add_argument("--storage-factor", type=number(),
                    help=f"the cap makes one storage NIC need this many times the uncapped JCT (default {FACTOR:g}; "
                    f"{QUICK_FACTOR:g} with --quick)")
-    p.add_argument("--max-wall-s", type=float, default=840.0,
+    p.add_argument("--max-wall-s", type=number(), default=840.0,
                    help="skip runs that would end past this many seconds of wall time (default 840)")
     p.add_argument("--hbm", action="store_true",
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")

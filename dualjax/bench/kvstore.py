@@ -37,6 +37,7 @@ import tensorstore as ts
 import kvstore as kv
 import models
 from dualjax.bench.common import drop_page_cache, emit, load_page_cache, parser, raw_parallel_read, trials_within
+from dualjax.core.config import number
 from dualjax.outputs import output_dir
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
@@ -287,10 +288,10 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
 
 
 def main(argv=None) -> dict:
-    p = parser(__doc__)
+    p = parser(__doc__, "kvstore")
     p.add_argument("--dir", type=output_dir,
                    help="directory on the disk to measure (default: a temp dir under the cwd)")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=number(low_ok=True), default=None,
                    help="seconds of trials per phase (warm reads, writes; cold reads half of it, the other "
                         "formats all together), after which no new trial starts (default 20, 5 with --quick)")
     args = p.parse_args(argv)

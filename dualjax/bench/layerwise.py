@@ -130,7 +130,7 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
 
 
 def main(argv=None) -> dict:
-    args = parser(__doc__).parse_args(argv)
+    args = parser(__doc__, "layerwise").parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t_start = time.perf_counter()
     hit_tokens, miss, trials, budget_s = (2048, 256, 3, 40) if args.quick else (8192, 512, 5, 150)

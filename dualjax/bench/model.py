@@ -71,7 +71,7 @@ def attention_report(cfg) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = parser(__doc__)
+    p = parser(__doc__, "model")
     p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)

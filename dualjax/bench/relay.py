@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dualjax.bench.common import emit, parser
+from dualjax.core.config import number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +166,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
 
 
 def main(argv=None) -> dict:
-    p = parser(__doc__)
-    p.add_argument("--chunk-kib", type=int, default=None, help="KV chunk size (default: the transport's)")
+    p = parser(__doc__, "relay")
+    p.add_argument("--chunk-kib", type=number(kind=int), default=None, help="KV chunk size (default: the transport's)")
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.under_mpi:

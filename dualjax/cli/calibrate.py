@@ -225,8 +225,8 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
     cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
                     decode_slots=decode_slots)
     layout = run_layout(cfg)
+    shapes = table_shapes(model, workload, cfg.prefill_chunk, block_tokens, agents, turns, quick)  # checks workload
     fit = _timed("packing fit", attention_fit, model)
-    shapes = table_shapes(model, workload, cfg.prefill_chunk, block_tokens, agents, turns, quick)
     table = _timed("pass table", pass_table, model, shapes, repeats=1 if quick else 2,
                    rows=QUICK_ROWS if quick else (1, 2, 4))
     d0, d1 = _timed("decode fit", decode_fit, model, decode_slots, repeats=3 if quick else 5)

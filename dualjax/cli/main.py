@@ -86,18 +86,19 @@ def dispatch(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     use_compile_cache()
-    if argv[:2] == ["sim", "validate"]:
-        from dualjax.cli.validate import main as validate_main
-        validate_main(argv[2:])
-        return 0
     if argv[:2] == ["sim", "ablation"]:
         from dualjax.cli.sim import ablation_main
         return ablation_main(argv[2:])
-    if argv and argv[0] == "bench":
-        if len(argv) < 2 or argv[1] not in BENCHES:
+    if argv[:2] == ["sim", "validate"] or argv[:1] == ["bench"]:  # their own parsers
+        if argv[0] == "bench" and (len(argv) < 2 or argv[1] not in BENCHES):
             print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
             return 2
-        importlib.import_module(BENCHES[argv[1]]).main(argv[2:])
+        module = "dualjax.cli.validate" if argv[0] == "sim" else BENCHES[argv[1]]
+        try:
+            importlib.import_module(module).main(argv[2:])
+        except user_errors() as e:
+            print(f"dualjax {' '.join(argv[:2])}: error: {e}", file=sys.stderr)
+            return 2
         return 0
     args = build_parser().parse_args(argv)
     try:

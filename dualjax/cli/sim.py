@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args
+from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args, number
 from dualjax.outputs import output_dir, output_file
 
 
@@ -18,7 +18,7 @@ def add_parsers(sub) -> None:
     sim.add_argument("--find-capacity", action="store_true",
                      help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
                      "each trial runs arrivals for five agent lifetimes and scores the window after the second")
-    sim.add_argument("--slo-attainment", type=float, default=0.9,
+    sim.add_argument("--slo-attainment", type=number(high=1.0), default=0.9,
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
     sim.add_argument("--out", default="runs/sim", type=output_dir,
                      help="report.json, requests.npz and plots (default runs/sim)")

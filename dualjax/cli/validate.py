@@ -22,7 +22,7 @@ import statistics
 import time
 
 from dualjax.bench.common import emit
-from dualjax.core.config import ClusterSpec, SimConfig
+from dualjax.core.config import ClusterSpec, SimConfig, number
 from dualjax.outputs import output_dir, output_file
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", type=output_file)
     p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
-    p.add_argument("--storage-factor", type=float, help="passed to the e2e benchmark (its default: 6)")
+    p.add_argument("--storage-factor", type=number(), help="passed to the e2e benchmark (its default: 6)")
     p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
     p.add_argument("--out", default="runs/sim-validate", type=output_dir)
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
@@ -46,21 +46,26 @@ def main(argv=None) -> dict:
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the profile again first, under the load the real runs will see (this machine's "
                    "speed can change several-fold between a calibration and a later run)")
-    p.add_argument("--max-wall-s", type=float, default=840.0,
+    p.add_argument("--max-wall-s", type=number(), default=840.0,
                    help="wall-time bound: calibration (when the profile is missing or --recalibrate) runs first, "
                    "then the e2e benchmark gets what it and the simulations leave (default 840)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     t0 = time.time()
-    real = None
-    if args.real:
-        with open(args.real) as f:
-            real = json.load(f)
+    real = _load_real(p, args.real) if args.real else None
+    if real is None and args.max_wall_s <= SIM_RESERVE_S:
+        p.error(f"--max-wall-s {args.max_wall_s:g} leaves no time for the e2e benchmark ({SIM_RESERVE_S:g} s are "
+                "kept for the simulations)")
     if args.recalibrate or not os.path.exists(args.profile):  # first, so that its time is known, not guessed
         _calibrate(args, real)
+    else:
+        get_hardware(args.profile)  # a bad profile is bad input now, not after the e2e benchmark
     if real is None:
         from dualjax.bench import e2e
         left = args.max_wall_s - (time.time() - t0) - SIM_RESERVE_S
+        if left <= 0:
+            p.error(f"calibration took {time.time() - t0:.0f} s of --max-wall-s {args.max_wall_s:g}: no time is left "
+                    "for the e2e benchmark (the profile is written: run again without --recalibrate)")
         real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(left)] +
                         (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
@@ -107,6 +112,25 @@ def main(argv=None) -> dict:
     }
     emit(result, args.json)
     return result
+
+
+REAL_KEYS = ("workload", "jct_s", "speedup", "cap_mbps", "control_uncapped_jct_s")
+
+
+def _load_real(p: argparse.ArgumentParser, path: str) -> dict:
+    """The `--real` e2e result, or a one-line error (exit 2) when it is not one."""
+    try:
+        with open(path) as f:
+            real = json.load(f)
+    except OSError as e:
+        p.error(f"--real {path}: {e.strerror}")
+    except ValueError as e:
+        p.error(f"--real {path} is not JSON: {e}")
+    missing = [k for k in REAL_KEYS if k not in real] if isinstance(real, dict) else list(REAL_KEYS)
+    if missing or not real["jct_s"]:
+        why = f"missing {', '.join(missing)}" if missing else "no capped runs"
+        p.error(f"--real {path} is not a `dualjax bench e2e --json` result ({why})")
+    return real
 
 
 def _calibrate(args, real: dict | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import types
@@ -161,11 +162,28 @@ def to_argv(cfg) -> list[str]:
     return argv
 
 
-def _positive(cfg, *names: str) -> None:
+def number(low: float = 0.0, high: float = math.inf, *, kind=float, low_ok: bool = False):
+    """argparse type of a flag's finite number in (`low`, `high`] (`low_ok`: [`low`, `high`]), an
+    int with `kind=int`: anything else is bad input before the command starts."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not (value >= low if low_ok else value > low) or not value <= high or not math.isfinite(value):
+            bounds = f"{'>=' if low_ok else '>'} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+    return parse
+
+
+def _positive(cfg, *names: str, finite: bool = False) -> None:
+    """Each of `names` is None or a number > 0 (not NaN; with `finite`, not infinite either)."""
     for name in names:
         value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}")
+        if value is not None and not (value > 0 and (not finite or math.isfinite(value))):
+            raise ConfigError(f"{name} must be positive{' and finite' if finite else ''}, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +224,11 @@ class Settings:
             object.__setattr__(self, "cluster", ClusterSpec.parse(self.cluster))
         if not isinstance(self.cluster, ClusterSpec):
             raise ConfigError(f"cluster must be a ClusterSpec (e.g. ClusterSpec.parse('1p1d')), got {self.cluster!r}")
-        _positive(self, "aps", "snic_mbps", "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns",
-                  "pe_hbm_mb")
+        _positive(self, "aps", "snic_mbps")  # infinite: arrivals all at once, an uncapped NIC
+        _positive(self, "block_tokens", "prefill_chunk", "compute_quota_ms", "agents", "turns", "pe_hbm_mb",
+                  finite=True)
+        if self.workload_seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.workload_seed}")
         if self.scheduler not in ("full", "naive"):
             raise ConfigError(f"scheduler must be 'full' or 'naive', got {self.scheduler!r}")
         if self.think_time not in ("zero", "recorded") and not re.fullmatch(r"\d+(\.\d*)?|\.\d+", self.think_time):
@@ -237,7 +258,7 @@ class RunConfig(Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive(self, "pe_buffer_mb", "de_buffer_mb", "decode_slots", "store_gb")
+        _positive(self, "pe_buffer_mb", "de_buffer_mb", "decode_slots", "store_gb", finite=True)
 
     @property
     def store_dir(self) -> str:

@@ -162,17 +162,25 @@ def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
     (seeded by the line number). A bad line raises WorkloadError with its line number and reason.
     """
     agents = []
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                agents.append(_agent_from_json(json.loads(line), vocab, stream("trajectory-file", seed, n)))
-            except (ValueError, KeyError, TypeError) as e:
-                raise WorkloadError(f"{path}:{n}: {e}") from None
+    for n, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            agents.append(_agent_from_json(json.loads(line), vocab, stream("trajectory-file", seed, n)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise WorkloadError(f"{path}:{n}: {e}") from None
     if not agents:
         raise WorkloadError(f"{path}: no agents")
     return agents
+
+
+def _lines(path: str) -> list[str]:
+    """The lines of a workload's text file; one that cannot be read is bad input."""
+    try:
+        with open(path) as f:
+            return f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _agent_from_json(d: dict, vocab: int, rng) -> Agent:
@@ -214,16 +222,17 @@ def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: 
     shrinks every block (and output) for small machines; `time_scale` compresses time.
     """
     rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                r = json.loads(line)
-                rows.append((float(r["timestamp"]) / 1e3, int(r["input_length"]), int(r["output_length"]),
-                             [int(h) for h in r["hash_ids"]]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise WorkloadError(f"{path}:{n}: not a Mooncake trace record: {e}") from None
+    for n, line in enumerate(_lines(path), start=1):
+        if limit is not None and len(rows) >= limit:
+            break
+        try:
+            r = json.loads(line)
+            rows.append((float(r["timestamp"]) / 1e3, int(r["input_length"]), int(r["output_length"]),
+                         [int(h) for h in r["hash_ids"]]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise WorkloadError(f"{path}:{n}: not a Mooncake trace record: {e}") from None
+    if not rows:
+        raise WorkloadError(f"{path}: no requests")
     ticks = sorted({t for t, *_ in rows})
     tick = min(np.diff(ticks)) if len(ticks) > 1 else 0.0
     rng = stream("trace-jitter", seed)
@@ -265,8 +274,16 @@ def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = Non
         return session_agents(name, vocab, seed, agents, aps, think_time, max_len)
     if name.startswith("mooncake:"):
         parts = name.split(":")
-        return mooncake_trace(parts[1], vocab, limit=int(parts[2]) if len(parts) > 2 else agents, seed=seed,
-                              length_scale=float(parts[3]) if len(parts) > 3 else 1.0)
+        try:
+            limit = int(parts[2]) if len(parts) > 2 else agents
+            scale = float(parts[3]) if len(parts) > 3 else 1.0
+        except ValueError:
+            limit = scale = None
+        bad_limit = limit is not None and limit < 1
+        if not parts[1] or len(parts) > 4 or scale is None or bad_limit or not 0 < scale < float("inf"):
+            raise WorkloadError(f"{name}: expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]], LIMIT a positive integer "
+                                "and LENGTH_SCALE a positive number")
+        return mooncake_trace(parts[1], vocab, limit=limit, seed=seed, length_scale=scale)
     if name.endswith(".jsonl"):
         return load_trajectories(name, vocab, seed)
     return agents_for(get_workload(name, agents=agents, turns=turns), vocab, seed, aps)

@@ -98,6 +98,9 @@ def check_run(cfg: RunConfig) -> None:
         raise ConfigError(f"--out: {why}")
     from dualjax.runtime.buffers import HostBuffer
     model_cfg = run_model(cfg).config
+    if cfg.block_tokens > model_cfg.max_seq_len:
+        raise ConfigError(f"block_tokens {cfg.block_tokens} exceeds {model_cfg.name}'s context of "
+                          f"{model_cfg.max_seq_len} tokens: no request could fill one block")
     layout = run_layout(cfg)
     get_policy(cfg.policy)
     load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps, cfg.think_time,

@@ -13,10 +13,10 @@ failed write-back only leaves blocks uncached.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import models
+from dualjax.outputs import unwritable_dir
 from kvstore import BlockLayout, BlockStore, FingerprintMismatch, StoreError, local_spec
 
 MARGIN_FRACTION, MARGIN_MIN_BYTES = 0.05, 1 << 30
@@ -55,7 +55,8 @@ def open_store(cfg) -> BlockStore | None:
     block."""
     if not cfg.use_store:
         return None
-    os.makedirs(cfg.store_dir, exist_ok=True)
+    if why := unwritable_dir(cfg.store_dir):
+        raise StoreError(f"the store directory: {why}")
     try:
         store = BlockStore(local_spec(cfg.store_dir), run_layout(cfg))
     except FingerprintMismatch as e:  # say whose weights this run has, in words (path and digest, or seed)

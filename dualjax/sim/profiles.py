@@ -187,18 +187,23 @@ def get_hardware(name: str) -> Hardware:
         hint = ("run `dualjax calibrate` first" if name == "local"
                 else "profiles: paper-h800, oracle, local, or a JSON file")
         raise ProfileError(f"no hardware profile {name!r} ({path} missing): {hint}")
-    with open(path) as f:
-        d = json.load(f)
-    for k in ("prefill_fit", "decode_fit"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
-    for k in ("contention", "decode_contention"):  # one number: per other engine (older profiles)
-        if isinstance(d.get(k), (int, float)):
-            d[k] = (d[k],)
-        d[k] = tuple(d.get(k) or ())
-    if d.get("pass_table") is not None:
-        d["pass_table"] = tuple(tuple(row) for row in d["pass_table"])
-    return Hardware(**d)
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        for k in ("prefill_fit", "decode_fit"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        for k in ("contention", "decode_contention"):  # one number: per other engine (older profiles)
+            if isinstance(d.get(k), (int, float)):
+                d[k] = (d[k],)
+            d[k] = tuple(d.get(k) or ())
+        if d.get("pass_table") is not None:
+            d["pass_table"] = tuple(tuple(row) for row in d["pass_table"])
+        return Hardware(**d)
+    except OSError as e:
+        raise ProfileError(f"hardware profile {path}: {e.strerror}") from None
+    except (ValueError, TypeError, AttributeError) as e:  # not JSON, not an object, fields missing or unknown
+        raise ProfileError(f"hardware profile {path} is not a profile `dualjax calibrate` writes: {e}") from None
 
 
 def save_hardware(hw: Hardware, path: str) -> None:

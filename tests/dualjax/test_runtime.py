@@ -169,6 +169,13 @@ def test_the_relay_backlog_counts_kv_not_control_messages(priority):
     (["--policy", "basic", "--layerwise"], "contradicts policy 'basic'"),
     (["--policy", "nosuchmodule:Policy"], "cannot import module 'nosuchmodule'"),
     (["--policy", "dualjax.core.policies:Nope"], "has no 'Nope'"),
+    (["--aps", "nan"], "aps must be positive"),
+    (["--pe-buffer-mb", "inf"], "pe_buffer_mb must be positive and finite"),
+    (["--seed", "-5"], "seed must be >= 0"),
+    (["--block-tokens", "1000000"], "exceeds tiny's context"),
+    (["--workload", "/nonexistent.jsonl"], "/nonexistent.jsonl: No such file or directory"),
+    (["--workload", "mooncake:/nonexistent"], "/nonexistent: No such file or directory"),
+    (["--workload", "mooncake:trace.jsonl:abc"], "expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]]"),
 ])
 def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
@@ -177,18 +184,39 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
 
 @pytest.mark.parametrize("argv,message", [
     (["run", "--embedded", "--quiet", "--out", "{file}"], "--out: {file} is a file, not a directory"),
+    (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "{file}"], "{file} is a file, not a directory"),
     (["run", "--embedded", "--quiet", "--out", "{file}/run"], "cannot make directory {file}/run"),
     (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
     (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
     (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
     (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
     (["sim", "ablation", "--png", "{file}/a.png"], "{file} is a file, not a directory"),
+    (["sim", "validate", "--real", "{dir}/none.json"], "--real {dir}/none.json: No such file or directory"),
+    (["sim", "validate", "--real", "{bad}"], "is not JSON"),
+    (["sim", "validate", "--real", "{empty}"], "is not a `dualjax bench e2e --json` result (missing workload"),
+    (["sim", "validate", "--real", "{empty}", "--profile", "{bad}"], "is not a `dualjax bench e2e"),
+    (["sim", "validate", "--profile", "{bad}"], "is not a profile `dualjax calibrate` writes"),
+    (["sim", "validate", "--max-wall-s", "30"], "leaves no time for the e2e benchmark"),
+    (["sim", "--hardware", "{empty}"], "is not a profile `dualjax calibrate` writes"),
+    (["sim", "--hardware", "{dir}"], "Is a directory"),
+    (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be > 0 and <= 1, got 1.5"),
+    (["report", "{dir}/damaged"], "{dir}/damaged/report.json cannot be read"),
+    (["bench", "model", "--model", "nosuch"], "unknown model preset 'nosuch'"),
+    (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be >= 0, got -1"),
+    (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be > 0, got 0"),
+    (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
+    (["calibrate", "--workload", "nosuch", "--out", "{dir}/local.json"], "unknown workload 'nosuch'"),
 ])
-def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, argv, message):
-    """Bad input, one line and exit code 2 before the command starts, not a traceback once a long
-    benchmark has run."""
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, argv, message):
+    """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
+    failure once a long benchmark has run)."""
     (tmp_path / "f").write_text("")
-    fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path)}
+    (tmp_path / "bad.json").write_text("{bad")
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "report.json").write_text('{"config": {')
+    fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path), "bad": str(tmp_path / "bad.json"),
+            "empty": str(tmp_path / "empty.json")}
     try:
         rc = cli.main([a.format(**fill) for a in argv])
     except SystemExit as e:  # argparse's own exit for a flag's bad value
