@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import os
+import zipfile
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from dualjax.plots import plot_run
 
 
 class OutputError(FileNotFoundError):
-    """A directory that holds no run outputs."""
+    """A directory that holds no run outputs, or damaged ones."""
 
 
 def unwritable_dir(path: str) -> str | None:
@@ -44,9 +45,11 @@ def output_dir(path: str) -> str:
 def output_file(path: str) -> str:
     """argparse type of a file a command writes (its JSON, a figure): its directory is made now
     (`output_dir`); a path that is a directory is bad input."""
-    if os.path.isdir(path):
+    if os.path.isdir(path) or path.endswith(os.sep):
         raise argparse.ArgumentTypeError(f"{path} is a directory, not a file")
     output_dir(os.path.dirname(path) or ".")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {path}: permission denied")
     return path
 
 
@@ -92,12 +95,13 @@ def load_ttft(run_dir: str) -> np.ndarray:
     path = npz if os.path.exists(npz) else os.path.join(run_dir, "requests.jsonl")
     try:
         if path == npz:
-            return np.load(npz)["ttft"]
+            with np.load(npz) as z:
+                return z["ttft"]
         with open(path) as f:
             return np.array([json.loads(line)["ttft"] for line in f], float)
     except OSError as e:
-        raise OutputError(f"{run_dir}: {os.path.basename(path)}: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, EOFError) as e:  # damaged: cut short, not JSON, no TTFT
+        raise OutputError(f"{path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:  # cut short, not JSON, no TTFT
         raise OutputError(f"{path} is damaged: {e!r}") from None
 
 
@@ -112,8 +116,10 @@ def load_run(run_dir: str) -> tuple[dict, np.ndarray]:
     try:
         with open(report_path) as f:
             report = json.load(f)
-    except (OSError, ValueError) as e:
-        raise OutputError(f"{report_path} cannot be read: {e}") from None
+    except OSError as e:
+        raise OutputError(f"{report_path}: {e.strerror}") from None
+    except ValueError as e:
+        raise OutputError(f"{report_path} is damaged: {e}") from None
     if not isinstance(report, dict) or any(k not in report for k in REPORT_KEYS):
         raise OutputError(f"{report_path} is not a dualjax run's report (no {', '.join(REPORT_KEYS)})")
     return report, load_ttft(run_dir)

@@ -101,7 +101,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--storage-factor", type=number(),
                    help=f"the cap makes one storage NIC need this many times the uncapped JCT (default {FACTOR:g}; "
                    f"{QUICK_FACTOR:g} with --quick)")
-    p.add_argument("--max-wall-s", type=number(), default=840.0,
+    p.add_argument("--max-wall-s", type=number(inf_ok=True), default=840.0,
                    help="skip runs that would end past this many seconds of wall time (default 840)")
     p.add_argument("--hbm", action="store_true",
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")

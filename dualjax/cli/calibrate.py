@@ -28,9 +28,10 @@ import numpy as np
 import scipy.optimize
 
 import models
-from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
+from dualjax.outputs import unwritable_dir
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.startup import (
     attention_fit,
@@ -256,6 +257,8 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
 def main(args) -> int:
     """`dualjax calibrate`: measure, write the profile, print what it holds."""
     path = args.out or DEFAULT_LOCAL
+    if why := unwritable_dir(os.path.dirname(path) or "."):  # bad input now, not once measured
+        raise ConfigError(f"--out: {why}")
     hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
     a, b, c = hw.prefill_fit
     print(f"local profile ({args.model}) -> {path}\n"

@@ -83,23 +83,29 @@ def dispatch(args) -> int:
     return importlib.import_module(f"dualjax.cli.{module}").main(args)
 
 
+def _own_parser(command: list[str], module: str, argv: list[str]) -> int:
+    """`module.main(argv)`, a command with its own parser, its bad input reported in one line."""
+    try:
+        importlib.import_module(module).main(argv)
+    except user_errors() as e:
+        print(f"dualjax {' '.join(command)}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     use_compile_cache()
     if argv[:2] == ["sim", "ablation"]:
         from dualjax.cli.sim import ablation_main
         return ablation_main(argv[2:])
-    if argv[:2] == ["sim", "validate"] or argv[:1] == ["bench"]:  # their own parsers
-        if argv[0] == "bench" and (len(argv) < 2 or argv[1] not in BENCHES):
+    if argv[:2] == ["sim", "validate"]:
+        return _own_parser(argv[:2], "dualjax.cli.validate", argv[2:])
+    if argv[:1] == ["bench"]:
+        if len(argv) < 2 or argv[1] not in BENCHES:
             print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
             return 2
-        module = "dualjax.cli.validate" if argv[0] == "sim" else BENCHES[argv[1]]
-        try:
-            importlib.import_module(module).main(argv[2:])
-        except user_errors() as e:
-            print(f"dualjax {' '.join(argv[:2])}: error: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return _own_parser(argv[:2], BENCHES[argv[1]], argv[2:])
     args = build_parser().parse_args(argv)
     try:
         return dispatch(args)

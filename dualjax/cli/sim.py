@@ -29,7 +29,7 @@ def add_parsers(sub) -> None:
     cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
                      "(default agentic-e2e, the e2e benchmark's)")
     cal.add_argument("--decode-slots", type=int, default=8)
-    cal.add_argument("--out", default=None, type=output_file, help="profile path (default runs/calibrate/local.json)")
+    cal.add_argument("--out", type=output_file, help="profile path (default runs/calibrate/local.json)")
 
 
 def add_sweep_flags(plan: argparse.ArgumentParser) -> None:

@@ -22,8 +22,8 @@ import statistics
 import time
 
 from dualjax.bench.common import emit
-from dualjax.core.config import ClusterSpec, SimConfig, number
-from dualjax.outputs import output_dir, output_file
+from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, number
+from dualjax.outputs import output_dir, output_file, unwritable_dir
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 from dualjax.sim.resources import PassTable
@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the profile again first, under the load the real runs will see (this machine's "
                    "speed can change several-fold between a calibration and a later run)")
-    p.add_argument("--max-wall-s", type=number(), default=840.0,
+    p.add_argument("--max-wall-s", type=number(inf_ok=True), default=840.0,
                    help="wall-time bound: calibration (when the profile is missing or --recalibrate) runs first, "
                    "then the e2e benchmark gets what it and the simulations leave (default 840)")
     args = p.parse_args(argv)
@@ -57,19 +57,19 @@ def main(argv=None) -> dict:
         p.error(f"--max-wall-s {args.max_wall_s:g} leaves no time for the e2e benchmark ({SIM_RESERVE_S:g} s are "
                 "kept for the simulations)")
     if args.recalibrate or not os.path.exists(args.profile):  # first, so that its time is known, not guessed
+        if why := unwritable_dir(os.path.dirname(args.profile) or "."):
+            p.error(f"--profile: {why}")
         _calibrate(args, real)
-    else:
-        get_hardware(args.profile)  # a bad profile is bad input now, not after the e2e benchmark
+    hw = get_hardware(args.profile)  # a bad profile is bad input now, not after the e2e benchmark
     if real is None:
         from dualjax.bench import e2e
         left = args.max_wall_s - (time.time() - t0) - SIM_RESERVE_S
         if left <= 0:
-            p.error(f"calibration took {time.time() - t0:.0f} s of --max-wall-s {args.max_wall_s:g}: no time is left "
-                    "for the e2e benchmark (the profile is written: run again without --recalibrate)")
+            raise ConfigError(f"calibrating took {time.time() - t0:.0f} s of --max-wall-s {args.max_wall_s:g}, leaving "
+                              f"none for the e2e benchmark; the profile is written to {args.profile}: run again")
         real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(left)] +
                         (["--quick"] if args.quick else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
-    hw = get_hardware(args.profile)
     if "runtime_profile" in real:  # the real runs' own start-up profile: scheduler rate and packing fit
         rp = real["runtime_profile"]
         hw = dataclasses.replace(hw, prefill_tokens_per_s=rp["prefill_tokens_per_s"], prefill_fit=tuple(rp["pack_fit"]))

@@ -162,18 +162,18 @@ def to_argv(cfg) -> list[str]:
     return argv
 
 
-def number(low: float = 0.0, high: float = math.inf, *, kind=float, low_ok: bool = False):
-    """argparse type of a flag's finite number in (`low`, `high`] (`low_ok`: [`low`, `high`]), an
-    int with `kind=int`: anything else is bad input before the command starts."""
+def number(low: float = 0.0, high: float = math.inf, *, kind=float, low_ok: bool = False, inf_ok: bool = False):
+    """argparse type of a flag's number in (`low`, `high`] (`low_ok`: [`low`, `high`]), finite unless
+    `inf_ok`, an int with `kind=int`: anything else is bad input before the command starts."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
                                              f"got {text!r}") from None
-        if not (value >= low if low_ok else value > low) or not value <= high or not math.isfinite(value):
+        if not (value >= low if low_ok else value > low) or not value <= high or not (inf_ok or math.isfinite(value)):
             bounds = f"{'>=' if low_ok else '>'} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be a {'' if inf_ok else 'finite '}number {bounds}, got {text}")
         return value
     return parse
 

@@ -73,10 +73,12 @@ class SessionSpec:
 
 
 def parse_spec(name: str) -> SessionSpec:
-    """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]` -> SessionSpec; raises SessionError."""
+    """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]` (a Mooncake trace's `mooncake:...` takes the same form)
+    -> SessionSpec; raises SessionError."""
     parts = name.split(":")
-    if parts[0] != "sessions" or len(parts) < 2 or not parts[1] or len(parts) > 4:
-        raise SessionError(f"expected sessions:PATH[:LIMIT[:LENGTH_SCALE]], got {name!r}")
+    kind = parts[0] if parts[0] in ("sessions", "mooncake") else "sessions"
+    if parts[0] != kind or len(parts) < 2 or not parts[1] or len(parts) > 4:
+        raise SessionError(f"expected {kind}:PATH[:LIMIT[:LENGTH_SCALE]], got {name!r}")
     try:
         limit = int(parts[2]) if len(parts) > 2 and parts[2] else None
         scale = float(parts[3]) if len(parts) > 3 else 1.0

@@ -174,11 +174,11 @@ def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
     return agents
 
 
-def _lines(path: str) -> list[str]:
-    """The lines of a workload's text file; one that cannot be read is bad input."""
+def _lines(path: str):
+    """The lines of a workload's text file, read as they are taken; one that cannot be read is bad input."""
     try:
         with open(path) as f:
-            return f.readlines()
+            yield from f
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
 
@@ -269,21 +269,16 @@ def slo_for(name: str) -> tuple[float, float]:
 
 def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,
                   aps: float | None = None, think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
-    """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT]` or `sessions:PATH[:LIMIT[:SCALE]]`."""
+    """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT[:SCALE]]` or
+    `sessions:PATH[:LIMIT[:SCALE]]`."""
     if name.startswith("sessions:"):
         return session_agents(name, vocab, seed, agents, aps, think_time, max_len)
     if name.startswith("mooncake:"):
-        parts = name.split(":")
         try:
-            limit = int(parts[2]) if len(parts) > 2 else agents
-            scale = float(parts[3]) if len(parts) > 3 else 1.0
-        except ValueError:
-            limit = scale = None
-        bad_limit = limit is not None and limit < 1
-        if not parts[1] or len(parts) > 4 or scale is None or bad_limit or not 0 < scale < float("inf"):
-            raise WorkloadError(f"{name}: expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]], LIMIT a positive integer "
-                                "and LENGTH_SCALE a positive number")
-        return mooncake_trace(parts[1], vocab, limit=limit, seed=seed, length_scale=scale)
+            spec = sessions.parse_spec(name)
+        except sessions.SessionError as e:
+            raise WorkloadError(str(e)) from None
+        return mooncake_trace(spec.path, vocab, limit=spec.limit or agents, seed=seed, length_scale=spec.scale)
     if name.endswith(".jsonl"):
         return load_trajectories(name, vocab, seed)
     return agents_for(get_workload(name, agents=agents, turns=turns), vocab, seed, aps)

@@ -26,7 +26,7 @@ GB = 1e9
 
 
 class ProfileError(FileNotFoundError):
-    """A hardware profile that is not a preset and not a readable profile file."""
+    """A hardware profile that is not a preset and not a readable, well-formed profile file."""
 
 
 @dataclasses.dataclass(frozen=True)

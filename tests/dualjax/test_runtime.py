@@ -175,7 +175,8 @@ def test_the_relay_backlog_counts_kv_not_control_messages(priority):
     (["--block-tokens", "1000000"], "exceeds tiny's context"),
     (["--workload", "/nonexistent.jsonl"], "/nonexistent.jsonl: No such file or directory"),
     (["--workload", "mooncake:/nonexistent"], "/nonexistent: No such file or directory"),
-    (["--workload", "mooncake:trace.jsonl:abc"], "expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]]"),
+    (["--workload", "mooncake:trace.jsonl:abc"], "LIMIT must be an integer"),
+    (["--workload", "mooncake:"], "expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]]"),
 ])
 def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
@@ -199,17 +200,21 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     (["sim", "validate", "--max-wall-s", "30"], "leaves no time for the e2e benchmark"),
     (["sim", "--hardware", "{empty}"], "is not a profile `dualjax calibrate` writes"),
     (["sim", "--hardware", "{dir}"], "Is a directory"),
-    (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be > 0 and <= 1, got 1.5"),
-    (["report", "{dir}/damaged"], "{dir}/damaged/report.json cannot be read"),
+    (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be a finite number > 0 and <= 1, got 1.5"),
+    (["report", "{dir}/damaged"], "{dir}/damaged/report.json is damaged"),
     (["bench", "model", "--model", "nosuch"], "unknown model preset 'nosuch'"),
-    (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be >= 0, got -1"),
-    (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be > 0, got 0"),
+    (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be a finite number >= 0, got -1"),
+    (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be a finite number > 0, got 0"),
     (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
     (["calibrate", "--workload", "nosuch", "--out", "{dir}/local.json"], "unknown workload 'nosuch'"),
+    (["calibrate", "--out", "{file}/local.json"], "{file} is a file, not a directory"),
+    (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
+    (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
 ])
-def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, argv, message):
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
     """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
     failure once a long benchmark has run)."""
+    monkeypatch.chdir(tmp_path)  # default output directories are made as the flags are parsed
     (tmp_path / "f").write_text("")
     (tmp_path / "bad.json").write_text("{bad")
     (tmp_path / "empty.json").write_text("{}")
