@@ -46,7 +46,7 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    name: str
+    name: str = dataclasses.field(compare=False)  # a label: same architecture, same programs
     vocab: int  # V
     d_model: int  # D
     n_layers: int  # L

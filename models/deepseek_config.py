@@ -25,7 +25,7 @@ KV_CACHE_DTYPES = ("model", "fp8")
 
 @dataclasses.dataclass(frozen=True)
 class DeepSeekConfig:
-    name: str
+    name: str = dataclasses.field(compare=False)  # a label: same architecture, same programs
     vocab: int  # V
     d_model: int  # D
     n_layers: int  # L

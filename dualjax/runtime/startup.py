@@ -44,15 +44,15 @@ def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: i
 
 
 def per_architecture(fn):
-    """Cache `fn(model, *args)` by `model`'s config less its name: a profile times random weights of
-    the config, so a checkpoint of a preset's architecture (every field of its config but the name),
-    or a second checkpoint of one architecture, reuses what this process measured for the first, as a
+    """Cache `fn(model, *args)` by `model`'s config (whose equality leaves out its name): a profile
+    times random weights of the config, so a checkpoint of a preset's architecture, or a second
+    checkpoint of one architecture, reuses what this process measured for the first, as a
     `functools.cache` on the name did not."""
     cache = {}
 
     @functools.wraps(fn)
     def cached(model: str, *args):
-        key = (models.resolve_model(model).config.replace(name=""), args)
+        key = (models.resolve_model(model).config, args)
         if key not in cache:
             cache[key] = fn(model, *args)
         return cache[key]

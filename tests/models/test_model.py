@@ -119,6 +119,20 @@ def test_generate_is_greedy_continuation(tiny, rng):
         seq = np.concatenate([seq, [[nxt]]], axis=1)
 
 
+def test_a_config_under_another_name_runs_the_programs_compiled_for_it(tiny, rng):
+    """The name labels an architecture: a checkpoint of a preset's shape (its config named after its
+    directory) equals the preset's config and compiles nothing new."""
+    cfg, params = tiny
+    renamed = cfg.replace(name="a-checkpoint-of-tiny")
+    assert renamed == cfg and hash(renamed) == hash(cfg) and renamed.name != cfg.name
+    tokens = rng.integers(0, cfg.vocab, (1, 24))
+    want = models.prefill(params, cfg, tokens)[0]
+    before = models.compile_counts()
+    np.testing.assert_array_equal(np.asarray(models.prefill(params, renamed, tokens)[0]), np.asarray(want))
+    assert models.compile_counts() == before
+    assert cfg.replace(name="x", n_layers=cfg.n_layers + 1) != cfg  # every other field still tells configs apart
+
+
 def test_layerwise_equals_fused(tiny, rng):
     cfg, params = tiny
     tokens = rng.integers(0, cfg.vocab, (1, 150))
