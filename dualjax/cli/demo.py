@@ -8,7 +8,7 @@ import os
 import shutil
 
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.launch import check_run, run_embedded
 
 RUNS = (("PE path only", "pe-only"), ("DualPath", "dualpath"))
 
@@ -25,10 +25,11 @@ def main(args) -> int:
     base = RunConfig(ClusterSpec(1, 1), model=args.model or ("tiny" if quick else "small"),
                      workload="agentic-tiny" if quick else "agentic-e2e", agents=4, turns=3 if quick else 4,
                      snic_mbps=2.0 if quick else 5.0)
+    warm = os.path.join(args.out, "warmup")
+    check_run(base.replace(out=warm))  # bad input (a model, a store) in one line, before the header
     print(f"dualjax demo: {base.model} model, {base.workload} workload, 1P1D embedded, storage NIC cap "
           f"{base.snic_mbps:g} MB/s per host (emulated; reads really come from the store on disk)")
     # Compile the programs first (same shapes, no cap), so neither measured run pays for it.
-    warm = os.path.join(args.out, "warmup")
     shutil.rmtree(warm, ignore_errors=True)
     run_embedded(base.replace(snic_mbps=None, out=warm), progress=False)
     rows = [("read path", "JCT s", "tok/s", "hit", "PE SNIC MB", "DE SNIC MB", "relay MB", "paths")]

@@ -188,6 +188,7 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "{file}"], "{file} is a file, not a directory"),
     (["run", "--embedded", "--quiet", "--out", "{file}/run"], "cannot make directory {file}/run"),
     (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
+    (["demo", "--model", "nosuch", "--out", "{dir}/demo"], "unknown model preset 'nosuch'"),
     (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
     (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
     (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
@@ -226,7 +227,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monk
         rc = cli.main([a.format(**fill) for a in argv])
     except SystemExit as e:  # argparse's own exit for a flag's bad value
         rc = e.code
-    assert rc == 2 and message.format(**fill) in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert rc == 2 and message.format(**fill) in err and not out  # nothing started, nothing announced
 
 
 def test_an_output_file_s_missing_directories_are_made(tmp_path):
