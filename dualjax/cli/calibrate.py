@@ -221,8 +221,9 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
     """Measure, write the `local` profile to `path` and return it. `workload` (or `agents` x `turns`
     of it) bounds the pass shapes measured; longer ones are extrapolated (`PassTable`). `quick`
     (CI: `sim validate` on `bench e2e --quick`) measures the passes of the workload's own shapes at 1
-    and 2 rows (`table_shapes`), times each measurement fewer times (one timing per pass shape, a third
-    of the contention samples, one host-overhead run): noisier and narrower, the same quantities."""
+    and 2 rows (`table_shapes`), times each measurement fewer times (one timing per pass shape, 2 rounds
+    of contention instead of 5, with at most 2 other engines, as its 1p2d has; one host-overhead run):
+    noisier and narrower, the same quantities (the simulator extrapolates contention to more engines)."""
     cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
                     decode_slots=decode_slots)
     layout = run_layout(cfg)
@@ -233,7 +234,8 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
     d0, d1 = _timed("decode fit", decode_fit, model, decode_slots, repeats=3 if quick else 5)
     snic = store_read_bytes_per_s(cfg.store_dir, layout)
     relay = relay_bytes_per_s(layout.block_bytes // layout.n_layers * 16)
-    pass_slowdown, step_slowdown = _timed("contention", contention, model, decode_slots, rounds=2 if quick else 5)
+    pass_slowdown, step_slowdown = _timed("contention", contention, model, decode_slots, others=2 if quick else 3,
+                                          rounds=2 if quick else 5)  # --quick's clusters: at most 3 engines
     prefill_scale, step_s, capacity = _timed("host overheads", host_overheads, model, workload, decode_slots,
                                              os.path.join(os.path.dirname(store_dir), "hosts"), runs=1 if quick else 3)
     decode_scale = step_s / (d0 + d1 * capacity)
