@@ -70,8 +70,10 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
                 if not direct:
                     will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
                                    for run in runs])
+            lean = whole and not direct and layout.block_bytes <= VERIFY_BYTES and out[items[0][1]].flags.c_contiguous
             for run in runs:
-                failed.update(_pread_run(fd, path, layout, S, data_offset, out, run, sel, direct))
+                failed.update(_pread_blocks(fd, path, layout, S, data_offset, out, run) if lean else
+                              _pread_run(fd, path, layout, S, data_offset, out, run, sel, direct))
         finally:
             os.close(fd)
     return failed
@@ -101,6 +103,35 @@ def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.n
             failed[slot] = f"{path} is truncated"
         elif xxhash.xxh3_64_intdigest(dst) != sums[layer]:
             failed[slot] = f"checksum mismatch in layer {layer}"
+    return failed
+
+
+def _pread_blocks(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list) -> dict[int, str]:
+    """Consecutive whole blocks into their rows, each row contiguous and a block at most
+    `VERIFY_BYTES`: as many whole blocks per `preadv` as fit `VERIFY_BYTES`, each Layer Block checked
+    right after it lands (`_pread_run`'s warm read without its generality: its Python per chunk, run
+    under one GIL by two reader threads, cost such a read ~10% against the same reads in two
+    processes)."""
+    lb, bb = layout.layer_bytes, layout.block_bytes
+    per = max(1, min(VERIFY_BYTES // bb, IOV_MAX))
+    rows = [memoryview(out[row]).cast("B") for _, row, _ in run]
+    offset = data_offset + run[0][0] % S * bb
+    failed: dict[int, str] = {}
+    for k0 in range(0, len(run), per):
+        k1 = min(k0 + per, len(run))
+        try:
+            got = os.preadv(fd, rows[k0:k1], offset + k0 * bb)
+        except OSError as e:
+            return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[k0:]}
+        for k in range(k0, k1):
+            slot, _, sums = run[k]
+            if (k - k0 + 1) * bb > got:
+                return failed | {slot: f"{path} is truncated" for slot, _, _ in run[k:]}
+            row = rows[k]
+            for layer, want in enumerate(sums.tolist()):
+                if xxhash.xxh3_64_intdigest(row[layer * lb:(layer + 1) * lb]) != want:
+                    failed[slot] = f"checksum mismatch in layer {layer}"
+                    break
     return failed
 
 

@@ -213,11 +213,13 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
     assert not os.path.exists(path) and not any(store.contains(b.hash) for b in ids)
 
 
-def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_path, store, monkeypatch):
+@pytest.mark.parametrize("rows", ["blocks", "layer-major"])
+def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_path, store, monkeypatch, rows):
     """Every read is `preadv`s of at most `VERIFY_BYTES` (a block larger than that in several, split
     between Layer Blocks), each Layer Block checked as it lands; a cold read first tells the kernel
     about each run of blocks, a warm one does not; a corrupted Layer Block and a block past a
-    truncated file's end are misses."""
+    truncated file's end are misses. Into whole-block rows a call takes whole blocks (as many as fit);
+    into a layer-major buffer (its rows strided) Layer Blocks, so a call ends inside a block."""
     calls, real, cold = [], os.preadv, [False]
 
     def preadv(fd, bufs, *a):
@@ -235,10 +237,16 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
     hashes = [b.hash for b in ids]
-    np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
-    assert calls and max(calls) == 3 * LAYOUT.layer_bytes and not advised  # warm: nothing announced
+
+    def get(hs):  # into rows of whole blocks, or into a layer-major buffer's strided rows
+        out = LAYOUT.empty(len(hs)) if rows == "blocks" else \
+            np.zeros((LAYOUT.n_layers, len(hs), *LAYOUT.full_shape[1:]), LAYOUT.np_dtype).swapaxes(0, 1)
+        return [r.result() for r in store.get(hs, out)]
+    np.testing.assert_array_equal(np.stack(get(hashes)), blocks)
+    call = LAYOUT.block_bytes if rows == "blocks" else 3 * LAYOUT.layer_bytes
+    assert calls and max(calls) == call and not advised  # warm: nothing announced
     cold[0] = True
-    np.testing.assert_array_equal(np.stack([r.result() for r in store.get(hashes)]), blocks)
+    np.testing.assert_array_equal(np.stack(get(hashes)), blocks)
     _, first = _block_in_file(tmp_path, store, ids[0].hash)
     spans = sorted(advised)  # one per run of consecutive blocks in a read task (`get` gives both threads some)
     assert {a for _, _, a in spans} == {os.POSIX_FADV_WILLNEED} and spans[0][0] == first and \
@@ -252,12 +260,12 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
     assert calls == [LAYOUT.layer_bytes] * 3 and not out[:, 0].any()
     path, offset = _block_in_file(tmp_path, store, ids[1].hash)
-    with open(path, "r+b") as f:  # in place: same file, same size; in the second call of a block split in two
+    with open(path, "r+b") as f:  # in place: same file, same size; (layer-major) in the second call of a split block
         f.seek(offset + (LAYOUT.n_layers - 1) * LAYOUT.layer_bytes + 5)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    got = [r.result() for r in store.get(hashes)]
+    got = get(hashes)
     assert got[1] is None and store.stats()["bad_blocks"] == 1
     np.testing.assert_array_equal(got[0], blocks[0])
     ids, blocks = _chain(3, offset=1000), _blocks(3, seed=7)
@@ -265,7 +273,7 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
     path, offset = _block_in_file(tmp_path, store, ids[1].hash)
     os.truncate(path, offset + LAYOUT.block_bytes - LAYOUT.layer_bytes // 2)  # the first call's Layer Blocks are whole
-    got = [r.result() for r in store.get([b.hash for b in ids])]
+    got = get([b.hash for b in ids])
     np.testing.assert_array_equal(got[0], blocks[0])
     assert got[1] is None and got[2] is None
     assert not advised  # only cold reads are announced
