@@ -34,23 +34,29 @@ def unwritable_dir(path: str) -> str | None:
     return None
 
 
-def output_dir(path: str) -> str:
-    """argparse type of a directory a command writes into (`unwritable_dir`: bad input if it cannot)."""
-    why = unwritable_dir(path)
-    if why:
-        raise argparse.ArgumentTypeError(why)
-    return path
-
-
-def output_file(path: str) -> str:
-    """argparse type of a file a command writes (its JSON, a figure): its directory is made now
-    (`output_dir`); a path that is a directory is bad input."""
+def unwritable_file(path: str) -> str | None:
+    """Why a command cannot write the file `path` (its JSON, a figure, a profile), or None: its
+    directory is made now (`unwritable_dir`)."""
     if os.path.isdir(path) or path.endswith(os.sep):
-        raise argparse.ArgumentTypeError(f"{path} is a directory, not a file")
-    output_dir(os.path.dirname(path) or ".")
+        return f"{path} is a directory, not a file"
+    if why := unwritable_dir(os.path.dirname(path) or "."):
+        return why
     if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"cannot write {path}: permission denied")
-    return path
+        return f"cannot write {path}: permission denied"
+    return None
+
+
+def _flag_type(check):
+    """The argparse type that refuses a value for which `check` gives a reason."""
+    def parse(path: str) -> str:
+        if why := check(path):
+            raise argparse.ArgumentTypeError(why)
+        return path
+    return parse
+
+
+output_dir = _flag_type(unwritable_dir)  # argparse type of a directory a command writes into
+output_file = _flag_type(unwritable_file)  # argparse type of a file a command writes
 
 
 def _on_run_clock(h: HostStats, t0: float) -> HostStats:

@@ -31,7 +31,7 @@ import models
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
-from dualjax.outputs import unwritable_dir
+from dualjax.outputs import unwritable_file
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.startup import (
     attention_fit,
@@ -259,7 +259,7 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
 def main(args) -> int:
     """`dualjax calibrate`: measure, write the profile, print what it holds."""
     path = args.out or DEFAULT_LOCAL
-    if why := unwritable_dir(os.path.dirname(path) or "."):  # bad input now, not once measured
+    if why := unwritable_file(path):  # bad input now, not once measured
         raise ConfigError(f"--out: {why}")
     hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
     a, b, c = hw.prefill_fit

@@ -23,7 +23,7 @@ import time
 
 from dualjax.bench.common import emit
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, number
-from dualjax.outputs import output_dir, output_file, unwritable_dir
+from dualjax.outputs import output_dir, output_file, unwritable_file
 from dualjax.sim import simulate
 from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
 from dualjax.sim.resources import PassTable
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
         p.error(f"--max-wall-s {args.max_wall_s:g} leaves no time for the e2e benchmark ({SIM_RESERVE_S:g} s are "
                 "kept for the simulations)")
     if args.recalibrate or not os.path.exists(args.profile):  # first, so that its time is known, not guessed
-        if why := unwritable_dir(os.path.dirname(args.profile) or "."):
+        if why := unwritable_file(args.profile):
             p.error(f"--profile: {why}")
         _calibrate(args, real)
     hw = get_hardware(args.profile)  # a bad profile is bad input now, not after the e2e benchmark
