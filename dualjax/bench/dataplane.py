@@ -291,10 +291,8 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
     store read, PE path, device) run on rank 0 while rank 1 waits; CPU seconds add both ranks. The
     PE path's bound counts rank 0's cores, the DE path's those of both ranks. Rank 0's clock
     decides whether another trial starts (`budget_s`), and both ranks follow it."""
-    from mpi4py import MPI
-
-    from dualjax.runtime.transport import MpiTransport
-    comm = MPI.COMM_WORLD
+    from dualjax.runtime.transport import MpiTransport, comm_world
+    comm = comm_world()
     d = Data(workdir, requests, hit_tokens, create=False)
     nic, bufs = kv.StorageNIC(f"r{comm.rank}"), d.buffers()
     t = MpiTransport(comm)
@@ -329,12 +327,14 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
     t.close()
     nic.close()
     every, cpus = comm.gather(runs), comm.gather(os.sched_getaffinity(0))  # an mpiexec may bind each rank
+    waited = comm.gather(MpiTransport.waits_inside_mpi)
     if comm.rank == 0:  # wall from rank 0 (both ranks are inside a barrier pair), CPU of both ranks
         for r0, r1 in zip(*every):
             for k, (_, cpu) in r1.items():
                 r0[k] = (r0[k][0], r0[k][1] + cpu, *r0[k][2:])
+        summary = _summary(d, every[0], {"pe": len(cpus[0]), "de": len(cpus[0] | cpus[1])})
         with open(out_path, "w") as f:
-            json.dump(_summary(d, every[0], {"pe": len(cpus[0]), "de": len(cpus[0] | cpus[1])}), f)
+            json.dump(summary | {"waits_inside_mpi": any(waited)}, f)
 
 
 def main(argv=None) -> dict:

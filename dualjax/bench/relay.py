@@ -114,10 +114,8 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
 
 
 def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
-    from mpi4py import MPI
-
-    from dualjax.runtime.transport import DEFAULT_WINDOW
-    comm = MPI.COMM_WORLD
+    from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
+    comm = comm_world()
     tokens = 2048 if quick else 4096
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
     repeats = 3 if quick else 8
@@ -138,6 +136,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
         for priority in (True, False):
             rounds[priority].append(_relay(comm, layers, lat_repeats, priority, 0.001, chunk)[1])
     lat_prio, lat_fifo = ([x for r in rounds[p] for x in r] for p in (True, False))
+    waited = comm.gather(MpiTransport.waits_inside_mpi)
     if comm.rank == 0:
         result = {
             "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
@@ -151,6 +150,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "control_p99_ms_priority_rounds": [float(np.percentile(r, 99)) for r in rounds[True]],
             "control_p99_ms_fifo_rounds": [float(np.percentile(r, 99)) for r in rounds[False]],
             "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk, "window": DEFAULT_WINDOW,
+            "waits_inside_mpi": any(waited),
             "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "

@@ -24,15 +24,13 @@ def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
     use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
-    from mpi4py import MPI
-
     from dualjax.outputs import unwritable_dir
     from dualjax.runtime.launch import run_rank, summary_line
-    from dualjax.runtime.transport import MpiTransport
+    from dualjax.runtime.transport import MpiTransport, comm_world
 
     args = parser(prog).parse_args(argv)
     cfg = from_args(RunConfig, args)
-    comm = MPI.COMM_WORLD
+    comm = comm_world()
     if comm.Get_size() != cfg.cluster.size:
         raise SystemExit(f"cluster {cfg.cluster.name} needs {cfg.cluster.size} ranks, mpirun started {comm.Get_size()}")
     if why := unwritable_dir(cfg.out):  # rank 0 writes the outputs at the end; every host opens the store in it

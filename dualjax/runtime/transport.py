@@ -13,10 +13,15 @@
   backlog of layers (the preemption points). The receiver posts every chunk's receive into a
   recycled buffer (`BufferPool`: no page faults) as soon as the header arrives, so MPI moves the
   bytes; completions are collected with `Testsome`. `priority=False` sends everything in
-  submission order (the FIFO baseline of `dualjax.bench.relay`). When nothing moves the progress
-  thread backs off, up to `WAIT_MAX_S` between polls while transfers are in flight (the peer is
-  slow: its reads or copies need the CPU more than our polling) and `IDLE_MAX_S` with nothing in
-  flight; a local `send` wakes it at once.
+  submission order (the FIFO baseline of `dualjax.bench.relay`). While KV is in flight the
+  progress thread waits inside MPI (`Waitsome`), where MPI moves the bytes: a library that copies
+  only when called (MPICH's shared memory without single-copy CMA, e.g. under Yama's
+  ptrace_scope >= 1) moved 1/100 of the bytes when the thread slept between polls. Every control
+  message and KV header is followed by an empty "bell" message, whose receive is always posted
+  and is in every wait, so a waiting rank still takes in its peers' messages (without it, two
+  ranks each waiting for the other to post the receives of its KV would wait forever). A local
+  `send` is posted when the wait returns (a piece completes: under a millisecond). With nothing
+  in flight the thread backs off, up to `IDLE_MAX_S` between probes; a local `send` wakes it.
 * `sent_bytes`: "kv" counts KV payload bytes, "control" the pickled bytes of every other message
   and of the KV headers.
 """
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
+import os
 import pickle
 import queue
 import threading
@@ -35,6 +42,8 @@ import numpy as np
 
 from dualjax.runtime.buffers import BufferPool
 from dualjax.runtime.messages import LayerKV
+
+log = logging.getLogger("dualjax.runtime.transport")
 
 
 class HostFailure(RuntimeError):
@@ -110,16 +119,36 @@ class _Abort:
     text: str
 
 
-TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA = 11, 12, 13
+TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA, TAG_BELL = 11, 12, 13, 14
 DEFAULT_CHUNK_BYTES = 2 << 20
 DEFAULT_WINDOW = 2
 BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI copies inside its calls)
 WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
 IDLE_MAX_S = 0.005  # longest pause between probes for incoming messages when nothing is in flight
+STALLED_POLLS = 32  # polls with KV in flight before a piece is done (~15 ms) that make the piece a stalled one
+STALLS_TO_WAIT = 3  # stalled pieces in a row that show MPI moves KV only inside its calls
+
+
+# MPICH settings for the ranks of this transport, where the environment leaves them unset: a thread
+# waiting inside MPI yields its core at every poll (MPICH's default: every 1,000), so the threads that
+# share the core (storage reads, the model, the host's own loop) are not held off while KV is in flight
+MPICH_ENV = {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
+
+
+def comm_world():
+    """`MPI.COMM_WORLD`, MPI initialized (on first use) with `MPICH_ENV`."""
+    for key, value in MPICH_ENV.items():
+        os.environ.setdefault(key, value)
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
 
 
 class MpiTransport(Transport):
     """mpi4py transport with a progress thread; see the module docstring."""
+
+    # Whether progress threads wait inside MPI while KV is in flight: set, for every transport of the
+    # process, once one has seen its KV stall between polls (MPI moves it only inside calls here)
+    waits_inside_mpi = False
 
     def __init__(self, comm, priority: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  window: int = DEFAULT_WINDOW, pool: BufferPool | None = None):
@@ -141,6 +170,11 @@ class MpiTransport(Transport):
         self._send_reqs: list = []  # outstanding sends, and what each reads (kept alive until done)
         self._send_keep: list = []
         self._data_in_flight = 0
+        self._bell = None  # the posted receive of a bell (posted by the progress thread)
+        self._waiting = False  # the progress thread is (about to be) waiting inside MPI
+        self._stalled = 0  # polls with KV in flight since a piece was last done
+        self._stalls = 0  # pieces in a row done after more than STALLED_POLLS polls
+        self._bell_buf = bytearray(1)
         self._active: collections.deque = collections.deque()  # data pieces of the KV message being sent
         self._types: dict[tuple, object] = {}  # committed strided datatypes, by (rows, row bytes, stride)
         self._stop = threading.Event()
@@ -159,7 +193,16 @@ class MpiTransport(Transport):
             return
         with self._lock:
             (self._kv if getattr(msg, "bulk", False) and self.priority else self._ctrl).append((dst, msg))
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        """Wake the progress thread: from its pause, or, if it waits inside MPI, by ringing our own
+        bell (an MPI call from this thread: MPI_THREAD_MULTIPLE)."""
+        with self._lock:
+            ring = self._waiting
         self._wake.set()
+        if ring:
+            self.comm.Isend([b"", self.MPI.BYTE], dest=self.rank, tag=TAG_BELL).Free()
 
     def recv(self, timeout: float | None = None):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -203,7 +246,7 @@ class MpiTransport(Transport):
                 break
             time.sleep(0.001)
         self._stop.set()
-        self._wake.set()
+        self._wake_up()
         self._thread.join()
         for t in self._types.values():
             t.Free()
@@ -212,6 +255,7 @@ class MpiTransport(Transport):
     def _run(self) -> None:
         pause = BUSY_POLL_S
         try:
+            self._post_bell()
             while not self._stop.is_set():
                 busy = self._poll_incoming()
                 busy |= self._push_outgoing()
@@ -219,13 +263,42 @@ class MpiTransport(Transport):
                 if busy:
                     pause = BUSY_POLL_S
                     continue
+                in_flight = bool(self._recv_reqs or self._data_in_flight)
+                if in_flight and MpiTransport.waits_inside_mpi:
+                    self._wait_inside_mpi()
+                    pause = BUSY_POLL_S
+                    continue
+                self._stalled += in_flight
                 # Nothing moved: back off (a rank spinning here takes the core its peer needs to read
                 # and copy), the longer the less is in flight; a local send wakes us at once.
-                pause = min(2 * pause, WAIT_MAX_S if self._send_reqs or self._recv_reqs else IDLE_MAX_S)
+                pause = min(2 * pause, WAIT_MAX_S if in_flight else IDLE_MAX_S)
                 if self._wake.wait(pause):
                     self._wake.clear()
+            self._bell.Cancel()
+            self._bell.Wait()
         except BaseException as e:  # noqa: BLE001 - surfaced to the host thread on its next call
             self._error = e
+
+    def _post_bell(self) -> None:
+        self._bell = self.comm.Irecv([self._bell_buf, self.MPI.BYTE], source=self.MPI.ANY_SOURCE, tag=TAG_BELL)
+
+    def _wait_inside_mpi(self) -> None:
+        """Block in `Waitsome` until a KV piece is sent or received or the bell rings (a peer's
+        message, or a local `send`)."""
+        with self._lock:
+            if self._ctrl and (self.priority or not self._active) or self._kv and not self._active:
+                return  # queued since the push, and it can go now: push it first
+            self._waiting = True
+        nr, ns = len(self._recv_reqs), len(self._send_reqs)
+        try:
+            done = self.MPI.Request.Waitsome(self._recv_reqs + self._send_reqs + [self._bell]) or []
+        finally:
+            with self._lock:
+                self._waiting = False
+        self._received([i for i in done if i < nr])
+        self._sent([i - nr for i in done if nr <= i < nr + ns])
+        if nr + ns in done:
+            self._post_bell()
 
     def _poll_incoming(self) -> bool:
         MPI, st, got = self.MPI, self.MPI.Status(), False
@@ -237,6 +310,8 @@ class MpiTransport(Transport):
             src, tag, got = st.Get_source(), st.Get_tag(), True
             raw = bytearray(st.Get_count(MPI.BYTE))
             self.comm.Recv([raw, MPI.BYTE], source=src, tag=tag)
+            if tag == TAG_BELL:  # rung while our bell's receive was taken: its message is probed anyway
+                continue
             msg = pickle.loads(raw)
             if tag == TAG_CTRL:
                 self._inbox.put((src, msg))
@@ -251,12 +326,7 @@ class MpiTransport(Transport):
                     entry[2] += 1
             self._assembly.setdefault(src, collections.deque()).append(entry)
         if self._recv_reqs:
-            done = MPI.Request.Testsome(self._recv_reqs) or []
-            for i in done:
-                self._recv_of[i][2] -= 1
-            for i in sorted(done, reverse=True):
-                del self._recv_reqs[i], self._recv_of[i]
-            got |= bool(done)
+            got |= self._received(MPI.Request.Testsome(self._recv_reqs) or [])
         for src, pending in self._assembly.items():  # deliver in order, per source
             while pending and pending[0][2] == 0:
                 head, buf, _ = pending.popleft()
@@ -266,10 +336,33 @@ class MpiTransport(Transport):
                 got = True
         return got
 
+    def _received(self, done: list[int]) -> bool:
+        """Account for completed data receives (indices into `_recv_reqs`)."""
+        for i in done:
+            self._recv_of[i][2] -= 1
+        for i in sorted(done, reverse=True):
+            del self._recv_reqs[i], self._recv_of[i]
+        if done:
+            self._piece_done()
+        return bool(done)
+
+    def _piece_done(self) -> None:
+        """A KV piece was sent or received. A rank that polls between pauses waits inside MPI from
+        now on if this is the STALLS_TO_WAIT-th piece in a row that needed over STALLED_POLLS polls:
+        one such piece is a busy or late peer, several are MPI moving bytes only inside its calls."""
+        self._stalls = self._stalls + 1 if self._stalled > STALLED_POLLS else 0
+        self._stalled = 0
+        if self._stalls >= STALLS_TO_WAIT and not MpiTransport.waits_inside_mpi:
+            MpiTransport.waits_inside_mpi = True
+            log.info("rank %d: KV moves only while MPI is called here (no single-copy transfers): its progress "
+                     "thread waits inside MPI while KV is in flight", self.rank)
+
     def _post(self, dst: int, tag: int, msg) -> None:
+        """Send a pickled message, then ring `dst`'s bell (it may be waiting inside MPI)."""
         raw = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        self._send_reqs.append(self.comm.Isend([raw, self.MPI.BYTE], dest=dst, tag=tag))
-        self._send_keep.append(raw)
+        for buf, t in ((raw, tag), (b"", TAG_BELL)):
+            self._send_reqs.append(self.comm.Isend([buf, self.MPI.BYTE], dest=dst, tag=t))
+            self._send_keep.append(buf)
         self.sent_bytes["control"] += len(raw)
 
     def _push_outgoing(self) -> bool:
@@ -339,13 +432,16 @@ class MpiTransport(Transport):
         return self._types[key]
 
     def _reap_sends(self) -> bool:
-        if not self._send_reqs:
-            return False
-        done = self.MPI.Request.Testsome(self._send_reqs) or []
+        return bool(self._send_reqs) and self._sent(self.MPI.Request.Testsome(self._send_reqs) or [])
+
+    def _sent(self, done: list[int]) -> bool:
+        """Account for completed sends (indices into `_send_reqs`)."""
+        data = [i for i in done if isinstance(self._send_keep[i], tuple)]
         for i in sorted(done, reverse=True):
-            if isinstance(self._send_keep[i], tuple):
-                self._data_in_flight -= 1
             del self._send_reqs[i], self._send_keep[i]
+        self._data_in_flight -= len(data)
+        if data:
+            self._piece_done()
         return bool(done)
 
 

@@ -1,8 +1,10 @@
 """Run under mpiexec -n 2 by test_dataplane: MpiTransport delivers every KV array bit-exact
 (contiguous, strided layer slices of Full Blocks, sizes around the chunk size, empty), in order
-with the bulk lane, reuses receive buffers, and counts control traffic in bytes."""
+with the bulk lane, both ways at once, and counts control traffic in bytes; with `wait`, its
+progress threads wait inside MPI while KV is in flight."""
 
 import pickle
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -23,24 +25,26 @@ def arrays():
     yield np.asfortranarray(rng.standard_normal((33, 9)))  # not row-contiguous: sent as a copy
 
 
+if sys.argv[1:] == ["wait"]:  # as where MPI moves KV only inside its calls (found at run time otherwise)
+    MpiTransport.waits_inside_mpi = True
 t = MpiTransport(MPI.COMM_WORLD, chunk_bytes=CHUNK, window=2)
-sent = list(arrays())
-if t.rank == 0:
-    for i, a in enumerate(sent):
-        t.send(1, LayerKV(1, i, 0, a))
-    t.send(1, PrefillDone(1, 0, 1, {}))
-    t.send(1, Ready(1))
-    t.close()
-    want = sum(len(pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL)) for m in (PrefillDone(1, 0, 1, {}), Ready(1)))
-    assert t.sent_bytes["control"] > want, t.sent_bytes  # headers count too, and bytes, not messages
-    assert t.sent_bytes["kv"] == sum(a.nbytes for a in sent)
-else:
-    got = [t.recv(timeout=30)[1] for _ in range(len(sent) + 2)]
-    kinds = [type(m).__name__ for m in got]
-    assert kinds.index("Ready") < kinds.index("PrefillDone") and kinds[-1] in ("PrefillDone", "Ready"), kinds
-    kv = [m for m in got if isinstance(m, LayerKV)]
-    assert [m.layer for m in kv] == list(range(len(sent)))  # bulk lane in order
-    for m, a in zip(kv, sent):
-        assert m.kv.shape == a.shape and m.kv.dtype == a.dtype and np.array_equal(m.kv, a), m.layer
-    t.close()
+sent, peer = list(arrays()), 1 - MPI.COMM_WORLD.Get_rank()
+for i, a in enumerate(sent):  # both ways at once: each rank's KV waits for receives the other posts
+    t.send(peer, LayerKV(1, i, 0, a))
+t.send(peer, PrefillDone(1, 0, 1, {}))
+t.send(peer, Ready(1))
+got = [t.recv(timeout=30)[1] for _ in range(len(sent) + 2)]
+kinds = [type(m).__name__ for m in got]
+assert kinds.index("Ready") < kinds.index("PrefillDone") and kinds[-1] in ("PrefillDone", "Ready"), kinds
+kv = [m for m in got if isinstance(m, LayerKV)]
+assert [m.layer for m in kv] == list(range(len(sent)))  # bulk lane in order
+for m, a in zip(kv, sent):
+    assert m.kv.shape == a.shape and m.kv.dtype == a.dtype and np.array_equal(m.kv, a), m.layer
+t.close()
+want = sum(len(pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL)) for m in (PrefillDone(1, 0, 1, {}), Ready(1)))
+assert t.sent_bytes["control"] > want, t.sent_bytes  # headers count too, and bytes, not messages
+assert t.sent_bytes["kv"] == sum(a.nbytes for a in sent)
+assert MpiTransport.waits_inside_mpi == (sys.argv[1:] == ["wait"])  # these small pieces never stall
+MPI.COMM_WORLD.Barrier()
+if MPI.COMM_WORLD.Get_rank() == 0:
     print("ok", flush=True)
