@@ -3,8 +3,8 @@
 * `InProcFabric`/`InProcTransport`: threads and queues in one process (tests, notebooks, demo).
   A `LayerKV` is copied, as a network would, into a pooled page-aligned buffer (no page faults;
   the receiver can hand it to a CPU device uncopied).
-* `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call (threads blocked
-  in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled by
+* `MpiTransport`: mpi4py. One progress thread per rank makes every MPI call but a bell (below)
+  (threads blocked in MPI calls measured 10-100x slower here). Two traffic classes: control messages (pickled by
   the transport, sent at once: high priority) and bulk messages: `LayerKV`, sent as a small
   pickled header plus the array's bytes in data messages of at most `chunk_bytes` (a strided
   layer slice of Full Blocks goes as it lies, described by an MPI datatype: no gather copy), and
@@ -13,15 +13,18 @@
   backlog of layers (the preemption points). The receiver posts every chunk's receive into a
   recycled buffer (`BufferPool`: no page faults) as soon as the header arrives, so MPI moves the
   bytes; completions are collected with `Testsome`. `priority=False` sends everything in
-  submission order (the FIFO baseline of `dualjax.bench.relay`). While KV is in flight the
-  progress thread waits inside MPI (`Waitsome`), where MPI moves the bytes: a library that copies
-  only when called (MPICH's shared memory without single-copy CMA, e.g. under Yama's
-  ptrace_scope >= 1) moved 1/100 of the bytes when the thread slept between polls. Every control
-  message and KV header is followed by an empty "bell" message, whose receive is always posted
-  and is in every wait, so a waiting rank still takes in its peers' messages (without it, two
-  ranks each waiting for the other to post the receives of its KV would wait forever). A local
-  `send` is posted when the wait returns (a piece completes: under a millisecond). With nothing
-  in flight the thread backs off, up to `IDLE_MAX_S` between probes; a local `send` wakes it.
+  submission order (the FIFO baseline of `dualjax.bench.relay`). When nothing moves the progress
+  thread backs off, up to `WAIT_MAX_S` between polls while transfers are in flight (the peer is
+  slow: its reads or copies need the CPU more than our polling) and `IDLE_MAX_S` with nothing in
+  flight; a local `send` wakes it at once.
+* Where MPI moves KV only inside its calls (MPICH's shared memory without single-copy CMA, which
+  MPICH turns off under Yama's ptrace_scope >= 1), polling between pauses relayed 1/100 of a plain
+  `Send`. `STALLS_TO_WAIT` pieces in a row that each needed over `STALLED_POLLS` polls switch every
+  transport of the process to waiting inside MPI (`Waitsome`) while KV is in flight
+  (`MpiTransport.waits_inside_mpi`). Every control message and KV header is followed by an empty
+  "bell" message, whose receive is always posted and in every wait, so a waiting rank still takes
+  in its peers' messages (two ranks each waiting for the other to post the receives of its KV would
+  otherwise wait forever); a local `send` rings the rank's own bell.
 * `sent_bytes`: "kv" counts KV payload bytes, "control" the pickled bytes of every other message
   and of the KV headers.
 """
