@@ -274,7 +274,7 @@ class MpiTransport(Transport):
                 self._stalled += in_flight
                 # Nothing moved: back off (a rank spinning here takes the core its peer needs to read
                 # and copy), the longer the less is in flight; a local send wakes us at once.
-                pause = min(2 * pause, WAIT_MAX_S if in_flight else IDLE_MAX_S)
+                pause = min(2 * pause, WAIT_MAX_S if in_flight or self._send_reqs else IDLE_MAX_S)
                 if self._wake.wait(pause):
                     self._wake.clear()
             self._bell.Cancel()
