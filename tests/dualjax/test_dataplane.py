@@ -115,7 +115,7 @@ def test_mpi_transport_delivers_every_array_bit_exact(mode):
     """Both ways at once, with the progress threads polling, or waiting inside MPI (where the bell
     after every header is what lets a waiting rank post the receives its peer's KV needs)."""
     proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_transport.py",
-                           mode], capture_output=True, text=True, timeout=60, cwd=REPO)
+                           mode], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"
 
