@@ -280,10 +280,15 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
 
 
 def _barrier(comm) -> None:
-    """A barrier that sleeps while it waits (MPICH's blocking one spins a core the other rank needs)."""
-    req = comm.Ibarrier()
+    """A barrier that sleeps while it waits (MPICH's blocking one spins a core the other rank needs),
+    the longer the longer it waits: from 20 us up to 5 ms between tests, as the transport's progress
+    thread backs off. A rank waiting out the other's single-rank stage then wakes ~200 times a
+    second, not 2,000 (at ~50 us of CPU a wake-up, a tenth of a core taken from the stage timed on
+    the other rank: from the store's two reader threads more than from the one-thread raw read)."""
+    req, pause = comm.Ibarrier(), 2e-5
     while not req.Test():
-        time.sleep(0.0005)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.005)
 
 
 def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trials: int, budget_s: float) -> None:
