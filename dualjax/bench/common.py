@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import logging
 import os
 import platform
 import statistics
@@ -18,6 +19,13 @@ import xxhash
 from dualjax.outputs import output_file
 from kvstore.pagecache import DIRECT_ALIGN, set_direct
 from kvstore.reads import VERIFY_BYTES
+
+
+def show_progress() -> None:
+    """A long run's progress on stderr: dualjax's INFO lines as plain messages, while other
+    libraries stay at WARNING (JAX reports at INFO each accelerator backend it could not start)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
+    logging.getLogger("dualjax").setLevel(logging.INFO)
 
 
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:

@@ -45,7 +45,7 @@ import os
 import shutil
 import time
 
-from dualjax.bench.common import emit, parser
+from dualjax.bench.common import emit, parser, show_progress
 from dualjax.core.config import ClusterSpec, RunConfig, number
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import load_run, output_dir
@@ -71,7 +71,7 @@ PROBE_SHAPES = 4  # the speed probe times the control's most frequent pass shape
 
 def main(argv=None) -> dict:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    show_progress()
     t_start = time.time()
     shutil.rmtree(args.out, ignore_errors=True)
     k = args.storage_factor or (QUICK_FACTOR if args.quick else FACTOR)

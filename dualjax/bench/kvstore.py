@@ -36,7 +36,15 @@ import tensorstore as ts
 
 import kvstore as kv
 import models
-from dualjax.bench.common import drop_page_cache, emit, load_page_cache, parser, raw_parallel_read, trials_within
+from dualjax.bench.common import (
+    drop_page_cache,
+    emit,
+    load_page_cache,
+    parser,
+    raw_parallel_read,
+    show_progress,
+    trials_within,
+)
 from dualjax.core.config import number
 from dualjax.outputs import output_dir
 from dualjax.runtime.buffers import RequestKV
@@ -296,7 +304,7 @@ def main(argv=None) -> dict:
                         "formats all together), after which no new trial starts (default 20, 5 with --quick)")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    show_progress()
     small, big = layout_for(models.get_config("small")), layout_for(models.get_config("qwen2.5-32b"))
     n_small, n_big, trials, budget_s = (64, 4, 3, 5.0) if args.quick else (256, 16, 7, 20.0)
     if args.budget_s is not None:

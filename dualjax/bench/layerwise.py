@@ -30,7 +30,7 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, load_page_cache, parser, trials_within
+from dualjax.bench.common import emit, load_page_cache, parser, show_progress, trials_within
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
@@ -131,7 +131,7 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
 
 def main(argv=None) -> dict:
     args = parser(__doc__, "layerwise").parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    show_progress()
     t_start = time.perf_counter()
     hit_tokens, miss, trials, budget_s = (2048, 256, 3, 40) if args.quick else (8192, 512, 5, 150)
     small = models.get_config("small")

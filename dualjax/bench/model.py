@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, timeit
+from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, show_progress, timeit
 from models import mla
 from models.config import ModelConfig
 from models.costs import decode_bytes_per_step
@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     p = parser(__doc__, "model")
     p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    show_progress()
     source = models.resolve_model(args.model, seed=0)
     cfg, params = source.config, source.load_params()
     n = 1024 if jax.default_backend() == "cpu" else 8192  # big enough to saturate an accelerator

@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from dualjax.bench.common import emit
+from dualjax.bench.common import emit, show_progress
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, number
 from dualjax.outputs import output_dir, output_file, unwritable_file
 from dualjax.sim import simulate
@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
                    help="wall-time bound: calibration (when the profile is missing or --recalibrate) runs first, "
                    "then the e2e benchmark gets what it and the simulations leave (default 840)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    show_progress()
     t0 = time.time()
     real = _load_real(p, args.real) if args.real else None
     if real is None and args.max_wall_s <= SIM_RESERVE_S:
