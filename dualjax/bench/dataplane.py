@@ -58,6 +58,7 @@ from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
+from dualjax.runtime.transport import BUSY_POLL_S, IDLE_MAX_S
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -281,14 +282,14 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
 
 def _barrier(comm) -> None:
     """A barrier that sleeps while it waits (MPICH's blocking one spins a core the other rank needs),
-    the longer the longer it waits: from 20 us up to 5 ms between tests, as the transport's progress
-    thread backs off. A rank waiting out the other's single-rank stage took 55-58 ms of CPU a second
-    testing every 0.5 ms, 6-8 ms so (measured), CPU taken from the stage timed on the other rank,
-    from the store's two reader threads more than from the one-thread raw read."""
-    req, pause = comm.Ibarrier(), 2e-5
+    the longer the longer it waits, with the transport's idle back-off (20 us up to 5 ms between
+    tests). A rank waiting out the other's single-rank stage took 55-58 ms of CPU a second testing
+    every 0.5 ms, 6-8 ms so (measured), CPU taken from the stage timed on the other rank, from the
+    store's two reader threads more than from the one-thread raw read."""
+    req, pause = comm.Ibarrier(), BUSY_POLL_S
     while not req.Test():
         time.sleep(pause)
-        pause = min(2 * pause, 0.005)
+        pause = min(2 * pause, IDLE_MAX_S)
 
 
 def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trials: int, budget_s: float) -> None:
