@@ -5,7 +5,11 @@ saturates the link, with the priority lanes and with one FIFO lane.
     python -m dualjax.bench.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
 
 Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
-"link" is MPICH's shared-memory transport; nothing is emulated.
+"link" is MPICH's shared-memory transport; nothing is emulated. The receive memory outlives the
+runs (one raw receive buffer, one transport pool), as a host's does for its whole life: memory
+allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
+call that holds the progress thread and every control message behind it), for both the raw
+`Send` and the relay. `relay_vs_raw_fresh_pool` is the relay into a fresh pool per run.
 """
 
 from __future__ import annotations
@@ -55,10 +59,9 @@ def _full_block_layers(n_layers: int, tokens: int, block_tokens: int = 64):
     return [blocks[:, layer] for layer in range(n_layers)]
 
 
-def _raw(comm, layers, repeats: int) -> float:
+def _raw(comm, layers, repeats: int, into: np.ndarray) -> float:
     """Plain `Send`/`Recv` of each layer, at its best: one message, one reused receive buffer."""
     from mpi4py import MPI
-    into = np.empty_like(layers[0])
     comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(repeats):
@@ -71,11 +74,12 @@ def _raw(comm, layers, repeats: int) -> float:
     return time.perf_counter() - t0
 
 
-def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int):
-    """Send the layers through MpiTransport; returns (seconds, control latencies in ms at rank 0)."""
+def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int, pool=None):
+    """Send the layers through MpiTransport, receiving into `pool` (None: a fresh one); returns
+    (seconds, control latencies in ms at rank 0)."""
     from dualjax.runtime.messages import LayerKV
     from dualjax.runtime.transport import MpiTransport
-    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk)
+    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk, pool=pool)
     comm.Barrier()
     t0, lat = time.perf_counter(), []
     if comm.rank == 1:
@@ -114,19 +118,23 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
 
 
 def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
+    from dualjax.runtime.buffers import BufferPool
     from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
     comm = comm_world()
     tokens = 2048 if quick else 4096
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
     repeats = 3 if quick else 8
     nbytes = repeats * sum(kv.nbytes for kv in layers)
-    _raw(comm, layers, 1), _relay(comm, layers, 1, True, None, chunk)  # warm-up
-    raw_s, relay_s, strided_s = [], [], []
+    # the receive memory outlives the runs, as a host's does: one raw buffer, one transport pool
+    into, pool = np.empty_like(layers[0]), BufferPool()
+    _raw(comm, layers, 1, into), _relay(comm, layers, 1, True, None, chunk, pool)  # warm-up
+    raw_s, relay_s, strided_s, fresh_s = [], [], [], []
     for _ in range(5):  # interleaved, so load from other jobs on the machine hits both alike
-        raw_s.append(_raw(comm, layers, repeats))
-        relay_s.append(_relay(comm, layers, repeats, True, None, chunk)[0])
-        strided_s.append(_relay(comm, strided, repeats, True, None, chunk)[0])
-    raw_s, relay_s, strided_s = min(raw_s), min(relay_s), min(strided_s)
+        raw_s.append(_raw(comm, layers, repeats, into))
+        relay_s.append(_relay(comm, layers, repeats, True, None, chunk, pool)[0])
+        strided_s.append(_relay(comm, strided, repeats, True, None, chunk, pool)[0])
+        fresh_s.append(_relay(comm, layers, repeats, True, None, chunk)[0])
+    raw_s, relay_s, strided_s, fresh_s = min(raw_s), min(relay_s), min(strided_s), min(fresh_s)
     # a p99 needs a few hundred samples: each latency run relays for about LATENCY_S, pinging every ms
     lat_repeats = comm.bcast(max(1, math.ceil(LATENCY_S / relay_s * repeats)), root=0)
     # the lanes alternate, so a stall of the machine (a woken thread waiting a scheduler slice for a
@@ -134,7 +142,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     rounds: dict[bool, list[list[float]]] = {True: [], False: []}
     for _ in range(LATENCY_ROUNDS):
         for priority in (True, False):
-            rounds[priority].append(_relay(comm, layers, lat_repeats, priority, 0.001, chunk)[1])
+            rounds[priority].append(_relay(comm, layers, lat_repeats, priority, 0.001, chunk, pool)[1])
     lat_prio, lat_fifo = ([x for r in rounds[p] for x in r] for p in (True, False))
     waited = comm.gather(MpiTransport.waits_inside_mpi)
     if comm.rank == 0:
@@ -143,6 +151,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "raw_gbps": nbytes / raw_s / 1e9, "relay_gbps": nbytes / relay_s / 1e9,
             "relay_vs_raw": raw_s / relay_s,
             "relay_strided_gbps": nbytes / strided_s / 1e9, "relay_strided_vs_raw": raw_s / strided_s,
+            "relay_fresh_pool_gbps": nbytes / fresh_s / 1e9, "relay_vs_raw_fresh_pool": raw_s / fresh_s,
+            "pool_buffers": pool.misses, "pool_reuses": pool.hits,
             "control_p99_ms_priority": float(np.percentile(lat_prio, 99)),
             "control_p99_ms_fifo": float(np.percentile(lat_fifo, 99)),
             "control_p50_ms_priority": float(np.percentile(lat_prio, 50)),
@@ -153,7 +163,10 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "waits_inside_mpi": any(waited),
             "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
-                     "flight); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
+                     "flight), each run's transport receiving into one pool kept across the runs, as a host's "
+                     "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
+                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "
+                     "2026-12-02); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
                      "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
                      f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per run, "
                      f"{LATENCY_ROUNDS} runs per lane alternating the lanes; control_p*_ms_* pool every run's pings "

@@ -176,12 +176,14 @@ def test_kvstore_benchmark_quick(tmp_path):
 
 @pytest.mark.slow
 def test_relay_benchmark_quick(tmp_path):
-    """The keys other tools read; its baseline (a plain Send) ran in the same job, and each control
-    lane's p99 rests on enough pings to be a percentile rather than the maximum of a few."""
+    """The keys other tools read; its baseline (a plain Send) ran in the same job, every run received
+    into one pool, reusing its buffers, and each control lane's p99 rests on enough pings to be a
+    percentile rather than the maximum of a few."""
     from dualjax.bench import relay
     result = relay.main(["--quick", "--json", str(tmp_path / "relay.json")])
     assert {"relay_vs_raw", "control_p99_ms_priority", "control_p99_ms_fifo", "raw_gbps"} <= set(result)
-    assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0
+    assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0 and result["relay_vs_raw_fresh_pool"] > 0
+    assert result["pool_reuses"] > 10 * result["pool_buffers"] > 0, result  # one pool served every run
     assert min(result["control_messages"]) >= 100 * relay.LATENCY_ROUNDS, result["control_messages"]
     rounds = result["control_p99_ms_priority_rounds"], result["control_p99_ms_fifo_rounds"]
     assert len(rounds[0]) == len(rounds[1]) == relay.LATENCY_ROUNDS
