@@ -121,7 +121,7 @@ class DecodeHost(Host):
             nbytes = RequestKV.nbytes(self.layout, a.request.prompt_len)
             if not self.buffer.reserve(nbytes, self.stop):
                 return
-            live = _Live(a, RequestKV(self.layout, a.request.prompt_len), nbytes)
+            live = _Live(a, RequestKV(self.layout, a.request.prompt_len, self.buffer.pool), nbytes)
             self.live[a.request.id] = live
             self.transport.send(a.pe, Ready(a.request.id))
             if a.path == "de" and a.hit_blocks:

@@ -113,7 +113,7 @@ class PrefillHost(Host):
             nbytes = a.hit_blocks * self.layout.block_bytes
             if not self.buffer.reserve(nbytes, self.stop):
                 return
-            rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens), None
+            rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens, self.buffer.pool), None
             if a.path == "pe" and a.hit_blocks:
                 hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
                 ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)

@@ -14,7 +14,7 @@ import pytest
 
 import kvstore as kv
 import models
-from dualjax.runtime.buffers import ALIGN, BufferPool, RequestKV, aligned_empty
+from dualjax.runtime.buffers import ALIGN, BufferPool, HostBuffer, RequestKV, aligned_empty
 from dualjax.runtime.launch import mpiexec
 from dualjax.runtime.messages import LayerKV, Ready
 from dualjax.runtime.store import layout_for
@@ -64,6 +64,22 @@ def test_a_layer_of_a_request_buffer_goes_to_a_cpu_device_uncopied():
 @pytest.fixture
 def tiny_layout():
     return layout_for(models.get_config("tiny"))
+
+
+def test_a_request_buffer_reuses_a_finished_requests_memory_and_zeroes_its_padding():
+    """A host buffer's memory is reused request to request (a storage read into fresh memory faults
+    every page in); the reused memory's padding past the last token reads as a fresh buffer's."""
+    lay = layout_for(models.get_config("small"))
+    host, n = HostBuffer("PE", 64 << 20), 2 * lay.block_tokens - 5  # a partial last block
+    first = RequestKV(lay, n, host.pool)
+    first.by_layer[...] = 1  # a finished request's KV
+    addr = first.by_layer.ctypes.data
+    del first
+    second = RequestKV(lay, n, host.pool)
+    assert second.by_layer.ctypes.data == addr and host.pool.hits == 1
+    assert second.by_layer.ctypes.data % ALIGN == 0
+    assert not second.by_layer[:, -1, n - lay.block_tokens:].any() and second.by_layer[:, 0].all()
+    assert RequestKV(lay, 0, host.pool).blocks.shape[0] == 0
 
 
 def test_request_kv_views_match_the_full_blocks(tiny_layout, rng):
