@@ -2,13 +2,12 @@
 
 A request that does not fit waits (FIFO) until earlier ones release; it is never dropped. One
 larger than the whole budget can never fit and is refused at once with the figure to raise.
-Each buffer also holds the memory (`HostBuffer.pool`, up to its budget): a request's `RequestKV`
-takes it from there and gives it back once dropped, so a storage read lands in memory already
-faulted in. Into fresh memory (a new zeroed array per request) the store's read of 256 MiB took
-57 ms against 42 ms into reused memory (medians of 7, 2-vCPU VM): a page fault per 4 KiB.
-`BufferPool` recycles the transport's receive buffers: a fresh NumPy array of megabytes costs
-page faults on first touch (about a third of a shared-memory MPI transfer's time here), a
-reused one does not. Every buffer here is page-aligned (`aligned_empty`): XLA's CPU client then
+`BufferPool` recycles memory by size class: the transports' receive buffers, and each host
+buffer's memory (`HostBuffer.pool`, up to its budget), which a request's `RequestKV` takes and
+gives back once dropped. Memory new to the process faults in a page per 4 KiB on first touch,
+reused memory does not: about a third of a shared-memory MPI transfer's time here, and the
+store's read of 256 MiB took 57 ms into fresh memory against 42 ms into reused (medians of 7,
+2-vCPU VM). Every buffer here is page-aligned (`aligned_empty`): XLA's CPU client then
 aliases a host array instead of copying it (`jax.device_put` of a layer is free on CPU), and
 accelerators' DMA engines move page-aligned host memory fastest.
 """
@@ -64,7 +63,8 @@ class HostBuffer:
 
 
 class BufferPool:
-    """Receive buffers by power-of-two size class, reused once nothing references them.
+    """Buffers by power-of-two size class (receive buffers, a host buffer's memory), reused once
+    nothing references them.
 
     `take(nbytes)` returns a uint8 view of a pooled buffer; every array derived from it keeps the
     buffer alive, and the buffer is handed out again only when the CPython reference count says
