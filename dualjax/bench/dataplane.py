@@ -16,10 +16,12 @@ stage is also timed alone on the same bytes (`stage_gbps`, `stage_s`, `cpu_s`; t
 `h2d` and `d2h` apart), and `stages` says per path where its time goes against the raw read: the
 store's own shortfall (`store_over_raw_s`), what the data plane adds beyond the store read
 (`dataplane_over_store_s`), the least time its stages allow on this machine (`bound_s`) and its
-fill (`first_layer_s`). raw = the same bytes read from one file on the same disk into a reused
-buffer by one process alone (page cache warm, as the store's files are; cold in `embedded_cold`);
-raw_parallel (`*_vs_raw_parallel`) = the same read by as many threads as the store reads with
-(`bench kvstore`'s yardstick, the stricter one).
+fill (`first_layer_s`). The embedded warm run also times the store read into buffers new to the
+process (`store_read_fresh`, `store_fresh_vs_raw`): what a host pays per request without a
+buffer pool, every page faulted in as the read lands. raw = the same bytes read from one file on
+the same disk into a reused buffer by one process alone (page cache warm, as the store's files
+are; cold in `embedded_cold`); raw_parallel (`*_vs_raw_parallel`) = the same read by as many
+threads as the store reads with (`bench kvstore`'s yardstick, the stricter one).
 Trials interleave every figure, so load from other jobs hits them alike; GB/s are medians over
 trials, ratios medians of each trial's ratio. Each of the three runs (embedded, embedded cold,
 mpiexec) starts no new trial once `--budget-s` seconds of its trials have passed (after two), so
@@ -229,6 +231,8 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
     res = {"bytes": d.nbytes, "trials": len(runs), "raw_read_gbps": _gbps(d.nbytes, wall["raw"]),
            "raw_parallel_read_gbps": _gbps(d.nbytes, wall["raw_parallel"]),
            "store_vs_raw": ratio("raw", "store_read"), "store_vs_raw_parallel": ratio("raw_parallel", "store_read")}
+    if "store_read_fresh" in wall:
+        res["store_fresh_vs_raw"] = ratio("raw", "store_read_fresh")
     bound_s = {}
     for name in ("pe", "de"):
         res[f"{name}_gbps"] = _gbps(d.nbytes, wall[name])
@@ -263,6 +267,8 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
     run = {"raw": d.raw_read, "raw_parallel": d.raw_parallel_read, "store_read": lambda: store_read(d, nic, pe_bufs),
            "pe": lambda: pe_path(d, nic, pe_bufs), "de": lambda: _embedded_pair(fabric, de_sender, d, nic, de_bufs),
            "relay": lambda: _embedded_pair(fabric, relay_sender, d, de_bufs)}
+    if not cold:  # the store read into memory new to the process, what a host without a buffer pool would read into
+        run["store_read_fresh"] = lambda: store_read(d, nic, d.buffers())
 
     def timed(fn):
         if cold:
@@ -395,6 +401,8 @@ def main(argv=None) -> dict:
         "beat it a little); first_layer_s: from the start until the path's first layer reached the computation "
         "(a pipeline's fill: the rest of the path streams behind it); *_bound_vs_raw = raw / bound (about the "
         "most this machine allows the path), *_vs_bound = bound / path (how much of that the path reaches). "
+        "store_read_fresh (embedded only): the store read into buffers allocated for it, as a host without a "
+        "buffer pool would (page faults included); every other figure reads into buffers reused across trials. "
         "embedded and mpi read from the page cache (every file read through it before each run). "
         "embedded_cold: the embedded run again, last, with every file of the store and the raw file dropped from "
         "the page cache (posix_fadvise DONTNEED, untimed) before each figure, so both paths and both raw reads come "

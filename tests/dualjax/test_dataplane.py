@@ -161,6 +161,7 @@ def test_dataplane_benchmark_quick(tmp_path):
         for path in ("pe", "de"):
             assert 0 < result[run]["stages"][path]["first_layer_s"] < result[run]["stage_s"][path]
     assert 0 < result["pe_vs_raw"] and 0 < result["de_vs_raw"]
+    assert result["embedded"]["store_fresh_vs_raw"] > 0 and "store_fresh_vs_raw" not in result["embedded_cold"]
     cold = result["embedded_cold"]  # the same run from the disk: every figure, its own raw reads
     assert cold["raw_read_gbps"] > 0 and cold["pe_vs_raw"] > 0 and cold["de_vs_raw"] > 0
 
