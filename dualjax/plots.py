@@ -1,4 +1,5 @@
-"""Plots of runs (matplotlib, written as PNG): storage bandwidth per host, TTFT CDF, JCT per run."""
+"""Plots of runs and benchmarks (matplotlib, written as PNG): storage bandwidth per host, TTFT CDF, JCT per
+run, the data plane per stage, layerwise timelines."""
 
 from __future__ import annotations
 
@@ -108,6 +109,37 @@ def plot_dataplane(path: str, result: dict) -> None:
            f"{result['hit_tokens_per_request']} hit tokens, {result['layout'].split(' [')[0]}")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_layerwise(path: str, result: dict) -> None:
+    """`bench layerwise`'s timelines, one panel per shape: when each layer's hit KV was read into the
+    PE buffer and when its compute ran, in the layerwise pass, above the basic pass (read all, then
+    compute) of the same request."""
+    plt = _pyplot()
+    shapes = [result, result["small_16_layers"]]
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(9, 2.3 * len(shapes) + 0.6))
+    for ax, r in zip(axes, shapes):
+        tl = r["timeline"]
+        read, done = tl["read_s"], tl["computed_s"]
+        starts = [0.0, *read[:-1]]
+        for layer, (a, b) in enumerate(zip(starts, read)):
+            ax.barh(2, b - a, left=a, color=("tab:blue", "lightsteelblue")[layer % 2], edgecolor="white")
+            c0 = max(b, done[layer - 1] if layer else 0.0)
+            ax.barh(1, done[layer] - c0, left=c0, color=("tab:orange", "navajowhite")[layer % 2], edgecolor="white")
+        ax.barh(0, tl["basic_read_s"], color="tab:blue", edgecolor="white", label="storage read")
+        ax.barh(0, tl["basic_s"] - tl["basic_read_s"], left=tl["basic_read_s"], color="tab:orange",
+                edgecolor="white", label="compute")
+        ax.axvline(tl["layerwise_s"], color="black", lw=1, ls="--", label="layerwise pass done")
+        ax.set_yticks([2, 1, 0], ["layerwise: read", "layerwise: compute", "basic: read, then compute"])
+        ax.set(xlabel="s from the start of the read",
+               title=f"{result['model']}, {r['layers']} layers, {r['hit_tokens']} hit + {r['miss_tokens']} new "
+                     f"tokens: overlap {r['overlap_efficiency']:.2f} (ideal {r['overlap_ideal']:.2f}), capped read "
+                     f"{r['cap_mbps']:.0f} MB/s")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

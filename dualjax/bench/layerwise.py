@@ -1,6 +1,6 @@
 """Layerwise prefill of one long-prefix request under a storage NIC cap: does loading overlap compute?
 
-    dualjax bench layerwise --json FILE [--quick]
+    dualjax bench layerwise --json FILE [--plot PNG] [--quick]
 
 One request on the `small` model: H hit tokens in the store, M miss tokens to compute. Measured in
 one run, on one store on disk:
@@ -14,11 +14,15 @@ trials of max(load, compute) / layerwise wall within a trial (overlap_efficiency
 same of the medians). The cap is set from the compute time measured first, so that load and
 compute take about as long (the hardest case for overlap); it emulates one host's storage NIC.
 peak_kv_layers = most prefix-KV bytes alive on the device at once (from `jax.live_arrays()`),
-in layers of this request.
+in layers of this request. `timeline` (and `--plot`): one more layerwise pass and one more basic
+one, timed per layer: when each layer's KV was in the PE buffer (`read_s`) and when its compute
+was done (`computed_s`, seen by a thread that waits on each layer's result, so the pass itself
+waits on nothing new), from the start of the read.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import statistics
@@ -31,6 +35,7 @@ import numpy as np
 import kvstore as kv
 import models
 from dualjax.bench.common import emit, load_page_cache, parser, show_progress, trials_within
+from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
@@ -41,21 +46,39 @@ def _prefix_bytes_live(shape) -> int:
     return sum(a.nbytes for a in jax.live_arrays() if a.shape == shape)
 
 
-def _prefill(params, cfg, layout, tokens, hit, source, track=None):
+def _done_at(x) -> float:
+    x.block_until_ready()
+    return time.perf_counter()
+
+
+def _prefill(params, cfg, layout, tokens, hit, source, track=None, timeline=None):
     """Layer loop as the prefill host runs it: source(l) -> hit KV of layer l (a view of the PE
-    buffer); each layer's new KV starts its device->host copy as soon as it is computed."""
+    buffer); each layer's new KV starts its device->host copy as soon as it is computed.
+    `timeline` (a dict): the `perf_counter` time each layer's hit KV was in (`read`) and its
+    compute done (`computed`, from a watcher thread)."""
     T = layout.block_tokens
     lw = models.Layerwise(params, cfg, tokens[None, hit * T:], prefix_len=[hit * T])
-    out = None
+    out, watcher, done = None, None, []
+    if timeline is not None:
+        watcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layerwise-timeline")
+        timeline["read"] = []
     for layer in range(cfg.n_layers):
-        kv_l = lw.layer(layer, source(layer)[None])
+        hit_kv = source(layer)
+        if watcher is not None:
+            timeline["read"].append(time.perf_counter())
+        kv_l = lw.layer(layer, hit_kv[None])
         kv_l.copy_to_host_async()
+        if watcher is not None:
+            done.append(watcher.submit(_done_at, kv_l))
         if track is not None:
             track.append(_prefix_bytes_live((1, lw.Sb, 2, cfg.n_kv_heads, cfg.head_dim)))
         if out is not None:
             np.asarray(out)  # the previous layer's KV leaves for the DE (host copy) meanwhile
         out = kv_l
     np.asarray(out)
+    if watcher is not None:
+        timeline["computed"] = [f.result() for f in done]
+        watcher.shutdown()
     return np.asarray(lw.logits())
 
 
@@ -93,16 +116,19 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
         def load():
             nic.read(store, hashes, out=buf, layer_major=True).wait()
 
-        def layerwise(track=None):
+        def layerwise(track=None, timeline=None):
             ticket = nic.read(store, hashes, out=buf, layer_major=True)
 
             def source(layer):
                 assert ticket.wait_layer(layer) == hit
                 return layer_of(layer)
-            return _prefill(params, cfg, layout, tokens, hit, source, track)
+            return _prefill(params, cfg, layout, tokens, hit, source, track, timeline)
+
+        def read_all():
+            nic.read(store, hashes, out=buf, layer_major=False).wait()
 
         def basic():
-            nic.read(store, hashes, out=buf, layer_major=False).wait()
+            read_all()
             return compute()
 
         # interleaved: a trial runs each back to back, so a machine that slows down or speeds up
@@ -115,6 +141,14 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
             log.info("  trial %d: overlap %.3f", len(runs), _overlap(runs[-1]))
         track: list[int] = []
         layerwise(track)  # device memory tracked in a run of its own: scanning live arrays costs time
+        t0, marks = time.perf_counter(), {}
+        layerwise(timeline=marks)
+        t1 = time.perf_counter()
+        read_all()
+        t2 = time.perf_counter()
+        compute()
+        timeline = {"read_s": [t - t0 for t in marks["read"]], "computed_s": [t - t0 for t in marks["computed"]],
+                    "layerwise_s": t1 - t0, "basic_read_s": t2 - t1, "basic_s": time.perf_counter() - t1}
         nic.close()
         store.close()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -126,11 +160,14 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
             "overlap_efficiency_of_medians": _overlap(med),
             "layerwise_vs_basic": statistics.median(r["basic"] / r["layerwise"] for r in runs),
             "overlap_ideal": cfg.n_layers / (cfg.n_layers + 1),
-            "peak_kv_layers": max(track) / padded_layer}
+            "peak_kv_layers": max(track) / padded_layer, "timeline": timeline}
 
 
 def main(argv=None) -> dict:
-    args = parser(__doc__, "layerwise").parse_args(argv)
+    p = parser(__doc__, "layerwise")
+    p.add_argument("--plot", metavar="PNG", type=output_file,
+                   help="also draw each shape's timeline (per layer: read, compute; and the basic pass) to PNG")
+    args = p.parse_args(argv)
     show_progress()
     t_start = time.perf_counter()
     hit_tokens, miss, trials, budget_s = (2048, 256, 3, 40) if args.quick else (8192, 512, 5, 150)
@@ -148,6 +185,9 @@ def main(argv=None) -> dict:
         "efficiency is L/(L+1) (0.8 for the 4-layer `small`, 0.94 for 16 layers; real models have 16-64). "
         "peak_kv_layers counts live device arrays of the per-layer prefix KV (padded to the prefix bucket).")
     result["wall_s"] = time.perf_counter() - t_start
+    if args.plot:
+        from dualjax.plots import plot_layerwise
+        plot_layerwise(args.plot, result)
     emit(result, args.json)
     return result
 
