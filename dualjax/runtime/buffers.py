@@ -5,11 +5,12 @@ larger than the whole budget can never fit and is refused at once with the figur
 `BufferPool` recycles memory by size class: the transports' receive buffers, and each host
 buffer's memory (`HostBuffer.pool`, up to its budget), which a request's `RequestKV` takes and
 gives back once dropped. Memory new to the process faults in a page per 4 KiB on first touch,
-reused memory does not: about a third of a shared-memory MPI transfer's time here, and the
-store's read of 256 MiB took 57 ms into fresh memory against 42 ms into reused (medians of 7,
-2-vCPU VM). Every buffer here is page-aligned (`aligned_empty`): XLA's CPU client then
-aliases a host array instead of copying it (`jax.device_put` of a layer is free on CPU), and
-accelerators' DMA engines move page-aligned host memory fastest.
+reused memory does not: about a third of a shared-memory MPI transfer's time here, and a
+quarter of a store read's into new memory (`bench dataplane`: `store_fresh_vs_raw` 0.55-0.56
+against `store_vs_raw` 0.76-0.77 into reused memory, 2-vCPU VM). Every buffer here is
+page-aligned (`aligned_empty`): XLA's CPU client then aliases a host array instead of copying it
+(`jax.device_put` of a layer is free on CPU), and accelerators' DMA engines move page-aligned host
+memory fastest.
 """
 
 from __future__ import annotations
