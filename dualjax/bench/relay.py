@@ -10,11 +10,14 @@ runs (one raw receive buffer, one transport pool), as a host's does for its whol
 allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
 call that holds the progress thread and every control message behind it), for both the raw
 `Send` and the relay. `relay_vs_raw_fresh_pool` is the relay into a fresh pool per run.
+The relay's pool keeps a few buffers in rotation, and a `Send` slows with every buffer it lands in
+(out of cache); `relay_vs_raw_same_buffers` holds the relay against a `Send` into as many.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -59,17 +62,18 @@ def _full_block_layers(n_layers: int, tokens: int, block_tokens: int = 64):
     return [blocks[:, layer] for layer in range(n_layers)]
 
 
-def _raw(comm, layers, repeats: int, into: np.ndarray) -> float:
-    """Plain `Send`/`Recv` of each layer, at its best: one message, one reused receive buffer."""
+def _raw(comm, layers, repeats: int, into: list[np.ndarray]) -> float:
+    """Plain `Send`/`Recv` of each layer, one message each, received into the buffers `into` in
+    turn (one: at its best, the buffer stays in cache)."""
     from mpi4py import MPI
     comm.Barrier()
     t0 = time.perf_counter()
-    for _ in range(repeats):
-        for kv in layers:
+    for r in range(repeats):
+        for i, kv in enumerate(layers):
             if comm.rank == 1:
                 comm.Send([kv, MPI.BYTE], dest=0, tag=5)
             else:
-                comm.Recv([into, MPI.BYTE], source=1, tag=5)
+                comm.Recv([into[(r * len(layers) + i) % len(into)], MPI.BYTE], source=1, tag=5)
     comm.Barrier()
     return time.perf_counter() - t0
 
@@ -125,16 +129,22 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
     repeats = 3 if quick else 8
     nbytes = repeats * sum(kv.nbytes for kv in layers)
-    # the receive memory outlives the runs, as a host's does: one raw buffer, one transport pool
-    into, pool = np.empty_like(layers[0]), BufferPool()
-    _raw(comm, layers, 1, into), _relay(comm, layers, 1, True, None, chunk, pool)  # warm-up
-    raw_s, relay_s, strided_s, fresh_s = [], [], [], []
+    # the receive memory outlives the runs, as a host's does: the raw buffers, one transport pool
+    pool = BufferPool()
+    for kvs in (layers, strided):  # warm-up: the pool grows to the buffers the relay keeps in rotation
+        _relay(comm, kvs, repeats, True, None, chunk, pool)
+    # raw into one buffer, and into as many as the pool holds, in turn: where the relay's bytes land
+    into = [np.ones_like(layers[0]) for _ in range(comm.bcast(pool.misses, root=0))]
+    _raw(comm, layers, 1, into)
+    runs: dict[str, list[float]] = collections.defaultdict(list)
     for _ in range(5):  # interleaved, so load from other jobs on the machine hits both alike
-        raw_s.append(_raw(comm, layers, repeats, into))
-        relay_s.append(_relay(comm, layers, repeats, True, None, chunk, pool)[0])
-        strided_s.append(_relay(comm, strided, repeats, True, None, chunk, pool)[0])
-        fresh_s.append(_relay(comm, layers, repeats, True, None, chunk)[0])
-    raw_s, relay_s, strided_s, fresh_s = min(raw_s), min(relay_s), min(strided_s), min(fresh_s)
+        runs["raw"].append(_raw(comm, layers, repeats, into[:1]))
+        runs["raw_same_buffers"].append(_raw(comm, layers, repeats, into))
+        runs["relay"].append(_relay(comm, layers, repeats, True, None, chunk, pool)[0])
+        runs["strided"].append(_relay(comm, strided, repeats, True, None, chunk, pool)[0])
+        runs["fresh"].append(_relay(comm, layers, repeats, True, None, chunk)[0])
+    raw_s, same_s, relay_s, strided_s, fresh_s = (min(runs[k]) for k in
+                                                  ("raw", "raw_same_buffers", "relay", "strided", "fresh"))
     # a p99 needs a few hundred samples: each latency run relays for about LATENCY_S, pinging every ms
     lat_repeats = comm.bcast(max(1, math.ceil(LATENCY_S / relay_s * repeats)), root=0)
     # the lanes alternate, so a stall of the machine (a woken thread waiting a scheduler slice for a
@@ -150,6 +160,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
             "raw_gbps": nbytes / raw_s / 1e9, "relay_gbps": nbytes / relay_s / 1e9,
             "relay_vs_raw": raw_s / relay_s,
+            "raw_same_buffers_gbps": nbytes / same_s / 1e9, "relay_vs_raw_same_buffers": same_s / relay_s,
+            "raw_same_buffers": len(into),
             "relay_strided_gbps": nbytes / strided_s / 1e9, "relay_strided_vs_raw": raw_s / strided_s,
             "relay_fresh_pool_gbps": nbytes / fresh_s / 1e9, "relay_vs_raw_fresh_pool": raw_s / fresh_s,
             "pool_buffers": pool.misses, "pool_reuses": pool.hits,
@@ -162,7 +174,10 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk, "window": DEFAULT_WINDOW,
             "waits_inside_mpi": any(waited),
             "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
-                     "reused buffer; relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
+                     "reused buffer; raw_same_buffers_gbps = the same into as many buffers as the relay's pool held "
+                     "after a warm-up (raw_same_buffers), in turn, as the relay's pieces land "
+                     "(relay_vs_raw_same_buffers: the transport's own cost, without that of landing in memory the "
+                     "receiver keeps); relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight), each run's transport receiving into one pool kept across the runs, as a host's "
                      "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
                      "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "

@@ -201,6 +201,8 @@ def test_relay_benchmark_quick(tmp_path):
     assert {"relay_vs_raw", "control_p99_ms_priority", "control_p99_ms_fifo", "raw_gbps"} <= set(result)
     assert result["raw_gbps"] > 0 and result["relay_vs_raw"] > 0 and result["relay_vs_raw_fresh_pool"] > 0
     assert result["pool_reuses"] > 10 * result["pool_buffers"] > 0, result  # one pool served every run
+    # the second yardstick lands in as many buffers as the relay's pool had after its warm-up
+    assert 1 <= result["raw_same_buffers"] <= result["pool_buffers"] and result["relay_vs_raw_same_buffers"] > 0
     assert min(result["control_messages"]) >= 100 * relay.LATENCY_ROUNDS, result["control_messages"]
     rounds = result["control_p99_ms_priority_rounds"], result["control_p99_ms_fifo_rounds"]
     assert len(rounds[0]) == len(rounds[1]) == relay.LATENCY_ROUNDS
