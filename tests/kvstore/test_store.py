@@ -598,3 +598,25 @@ def test_a_put_whose_links_fail_leaves_nothing_behind(tmp_path, store, monkeypat
     assert not [f for f in os.listdir(tmp_path / "store" / "data") if not f.startswith(".") and f != "zarr.json"]
     monkeypatch.setattr(os, "link", real)
     assert store.put(ids, blocks) == 3 and store.get_prefix([b.hash for b in ids])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a platform that pins threads and two CPUs")
+def test_reader_threads_are_spread_over_the_cpus_and_released_when_they_end(store):
+    """Each store's reader threads are pinned, each to one CPU, a pool's two to different ones, and a
+    closed store's readers give their CPUs back."""
+    from kvstore import files
+    allowed = os.sched_getaffinity(0)
+    before = sum(files._pinned.values())
+    with kv.BlockStore(kv.local_spec(store.files.root + "-2"), LAYOUT) as other:
+        for s in (store, other):  # two tasks at once start both of a pool's threads
+            gate = threading.Event()
+            futs = [s.files._reader_pool.submit(lambda: (gate.wait(10), os.sched_getaffinity(0))[1]) for _ in range(2)]
+            gate.set()
+            cpus = [f.result() for f in futs]
+            assert all(len(c) == 1 and c <= allowed for c in cpus) and cpus[0] != cpus[1], cpus
+        assert sum(files._pinned.values()) == before + 4, dict(files._pinned)
+        assert os.sched_getaffinity(0) == allowed  # the caller's own thread is left alone
+    import gc
+    gc.collect()
+    assert sum(files._pinned.values()) == before + 2, dict(files._pinned)
