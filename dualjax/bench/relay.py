@@ -10,8 +10,8 @@ runs (one raw receive buffer, one transport pool), as a host's does for its whol
 allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
 call that holds the progress thread and every control message behind it), for both the raw
 `Send` and the relay. `relay_vs_raw_fresh_pool` is the relay into a fresh pool per run.
-The relay's pool keeps a few buffers in rotation, and a `Send` slows with every buffer it lands in
-(out of cache); `relay_vs_raw_same_buffers` holds the relay against a `Send` into as many.
+The relay's pool keeps a few buffers in rotation, and a `Send` can slow when its bytes land in more
+buffers (out of cache); `relay_vs_raw_same_buffers` holds the relay against a `Send` into as many.
 """
 
 from __future__ import annotations
