@@ -609,10 +609,9 @@ def test_reader_threads_are_spread_over_the_cpus_and_released_when_they_end(stor
     allowed = os.sched_getaffinity(0)
     before = sum(files._pinned.values())
     with kv.BlockStore(kv.local_spec(store.files.root + "-2"), LAYOUT) as other:
-        for s in (store, other):  # two tasks at once start both of a pool's threads
-            gate = threading.Event()
-            futs = [s.files._reader_pool.submit(lambda: (gate.wait(10), os.sched_getaffinity(0))[1]) for _ in range(2)]
-            gate.set()
+        for s in (store, other):  # two tasks that wait for each other run on both of a pool's threads
+            both = threading.Barrier(2, timeout=10)
+            futs = [s.files._reader_pool.submit(lambda: (both.wait(), os.sched_getaffinity(0))[1]) for _ in range(2)]
             cpus = [f.result() for f in futs]
             assert all(len(c) == 1 and c <= allowed for c in cpus) and cpus[0] != cpus[1], cpus
         assert sum(files._pinned.values()) == before + 4, dict(files._pinned)
