@@ -8,12 +8,16 @@
   the transport, sent at once: high priority) and bulk messages: `LayerKV`, sent as a small
   pickled header plus the array's bytes in data messages of at most `chunk_bytes` (a strided
   layer slice of Full Blocks goes as it lies, described by an MPI datatype: no gather copy), and
-  what must stay in order with them (`PrefillDone`). At most `window` data messages are in
-  flight, so a control message waits behind at most `window * chunk_bytes` of KV, never a
-  backlog of layers (the preemption points). The receiver posts every chunk's receive into a
-  recycled buffer (`BufferPool`: no page faults) as soon as the header arrives, so MPI moves the
-  bytes; completions are collected with `Testsome`. `priority=False` sends everything in
-  submission order (the FIFO baseline of `dualjax.bench.relay`). When nothing moves the progress
+  what must stay in order with them (`PrefillDone`). The receiver sets the pace: the sender hands
+  every piece of a message to MPI at once (of at most `KV_AHEAD` messages), and the receiver
+  keeps at most `window` pieces per source posted into a recycled buffer (`BufferPool`: no page
+  faults), posting the next as each completes (`Testsome`), so a control message waits behind at
+  most `window * chunk_bytes` of KV from a source, never a backlog of layers (the preemption
+  points), and no piece waits for the sender's progress thread to wake up and post it (as it did
+  while the sender kept the window, until 2026-12-03). Probes look only at the control, header and
+  bell tags: a piece not yet posted for is never probed. `priority=False` sends everything in
+  submission order, each message only once the KV before it is through (the FIFO baseline of
+  `dualjax.bench.relay`). When nothing moves the progress
   thread backs off, up to `WAIT_MAX_S` between polls while transfers are in flight (the peer is
   slow: its reads or copies need the CPU more than our polling) and `IDLE_MAX_S` with nothing in
   flight; a local `send` wakes it at once.
@@ -124,7 +128,8 @@ class _Abort:
 
 TAG_CTRL, TAG_KV_HEAD, TAG_KV_DATA, TAG_BELL = 11, 12, 13, 14
 DEFAULT_CHUNK_BYTES = 2 << 20
-DEFAULT_WINDOW = 2
+DEFAULT_WINDOW = 2  # data receives a receiver keeps posted per source
+KV_AHEAD = 2  # KV messages a sender has handed to MPI and not yet seen through
 BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI copies inside its calls)
 WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
 IDLE_MAX_S = 0.005  # longest pause between probes for incoming messages when nothing is in flight
@@ -168,17 +173,19 @@ class MpiTransport(Transport):
         self._starting = False  # a bulk message is popped from its queue, not yet posted or chunked
         self._inbox: queue.Queue = queue.Queue()
         self._assembly: dict[int, collections.deque] = {}  # source -> [header, buffer, receives left], in order
-        self._recv_reqs: list = []  # outstanding data receives, and the assembly entry each completes
+        self._to_post: dict[int, collections.deque] = {}  # source -> data receives not posted yet (entry, bytes)
+        self._posted: collections.Counter = collections.Counter()  # source -> data receives posted, not done
+        self._recv_reqs: list = []  # outstanding data receives, and (assembly entry, source) of each
         self._recv_of: list = []
         self._send_reqs: list = []  # outstanding sends, and what each reads (kept alive until done)
         self._send_keep: list = []
-        self._data_in_flight = 0
+        self._data_in_flight = 0  # data sends not done
+        self._outstanding = 0  # KV messages handed to MPI whose pieces are not all sent
         self._bell = None  # the posted receive of a bell (posted by the progress thread)
         self._waiting = False  # the progress thread is (about to be) waiting inside MPI
         self._stalled = 0  # polls with KV in flight since a piece was last done
         self._stalls = 0  # pieces in a row done after more than STALLED_POLLS polls
         self._bell_buf = bytearray(1)
-        self._active: collections.deque = collections.deque()  # data pieces of the KV message being sent
         self._types: dict[tuple, object] = {}  # committed strided datatypes, by (rows, row bytes, stride)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by send(): something to push
@@ -220,15 +227,16 @@ class MpiTransport(Transport):
                     return None
 
     def _backlog(self) -> int:
-        """Bulk messages queued and not yet fully handed to MPI: the one being started or chunked
-        counts, control messages do not, on either lane (the caller holds the lock)."""
+        """Bulk messages queued or with KV not yet through: the one being started and those whose
+        pieces are not all sent count, control messages do not, on either lane (the caller holds
+        the lock)."""
         queued = len(self._kv) if self.priority else sum(getattr(m, "bulk", False) for _, m in self._ctrl)
-        return queued + (bool(self._active) or self._starting)
+        return queued + self._outstanding + self._starting
 
     def wait_backlog(self, limit: int) -> None:
-        """Block until fewer than `limit` bulk messages are queued, woken by the progress thread as
-        each is handed to MPI (and every 0.1 s, to surface its error): a sender that keeps a few
-        layers ahead of the link without polling."""
+        """Block until fewer than `limit` bulk messages are queued or in flight (`_backlog`), woken by
+        the progress thread as each goes through (and every 0.1 s, to surface its error): a sender
+        that keeps a few layers ahead of the link without polling."""
         if limit < 1:
             raise ValueError(f"wait_backlog: limit must be at least 1, got {limit}")
         with self._lock:
@@ -244,7 +252,7 @@ class MpiTransport(Transport):
         """Flush what was sent, then stop the progress thread."""
         while not self._error:
             with self._lock:
-                idle = not (self._ctrl or self._kv or self._active or self._send_reqs)
+                idle = not (self._ctrl or self._kv or self._send_reqs)
             if idle:
                 break
             time.sleep(0.001)
@@ -289,7 +297,7 @@ class MpiTransport(Transport):
         """Block in `Waitsome` until a KV piece is sent or received or the bell rings (a peer's
         message, or a local `send`)."""
         with self._lock:
-            if self._ctrl and (self.priority or not self._active) or self._kv and not self._active:
+            if self._ctrl and (self.priority or not self._outstanding) or self._kv and self._outstanding < KV_AHEAD:
                 return  # queued since the push, and it can go now: push it first
             self._waiting = True
         nr, ns = len(self._recv_reqs), len(self._send_reqs)
@@ -303,13 +311,19 @@ class MpiTransport(Transport):
         if nr + ns in done:
             self._post_bell()
 
+    def _probe(self, st) -> bool:
+        """Whether a control message, KV header or bell is waiting (its envelope in `st`). Not any
+        tag: a data piece whose receive is not posted yet must not be taken for one. The control
+        tag is probed again last: MPICH's `Iprobe` looks among the messages it has taken in before
+        it makes progress, so one that arrived while this thread slept is taken in by a first probe
+        and seen only by a second (without it, a message to a sleeping rank waited a whole extra
+        pause, up to IDLE_MAX_S)."""
+        probe, any_src = self.comm.Iprobe, self.MPI.ANY_SOURCE
+        return any(probe(source=any_src, tag=tag, status=st) for tag in (TAG_CTRL, TAG_KV_HEAD, TAG_BELL, TAG_CTRL))
+
     def _poll_incoming(self) -> bool:
         MPI, st, got = self.MPI, self.MPI.Status(), False
-        # MPICH's Iprobe looks among the messages it has taken in before it makes progress, so one that
-        # arrived while this thread slept is taken in by a first probe and seen only by a second: without
-        # it, a message to a sleeping rank waited a whole extra pause (up to IDLE_MAX_S)
-        while (self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
-               or self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)):
+        while self._probe(st):
             src, tag, got = st.Get_source(), st.Get_tag(), True
             raw = bytearray(st.Get_count(MPI.BYTE))
             self.comm.Recv([raw, MPI.BYTE], source=src, tag=tag)
@@ -320,14 +334,14 @@ class MpiTransport(Transport):
                 self._inbox.put((src, msg))
                 continue
             entry = [msg, None, 0]
-            if isinstance(getattr(msg, "kv", None), _Shape):  # post every chunk's receive now
+            if isinstance(getattr(msg, "kv", None), _Shape):  # its pieces, received in order as they are posted
                 entry[1], step = self.pool.take(msg.kv.nbytes), msg.kv.chunk
+                todo = self._to_post.setdefault(src, collections.deque())
                 for i in range(0, entry[1].size, step):
-                    self._recv_reqs.append(self.comm.Irecv([entry[1][i:i + step], MPI.BYTE], source=src,
-                                                           tag=TAG_KV_DATA))
-                    self._recv_of.append(entry)
+                    todo.append((entry, entry[1][i:i + step]))
                     entry[2] += 1
             self._assembly.setdefault(src, collections.deque()).append(entry)
+        got |= self._post_receives()
         if self._recv_reqs:
             got |= self._received(MPI.Request.Testsome(self._recv_reqs) or [])
         for src, pending in self._assembly.items():  # deliver in order, per source
@@ -339,13 +353,28 @@ class MpiTransport(Transport):
                 got = True
         return got
 
+    def _post_receives(self) -> bool:
+        """Post the next data receives of each source, up to `window` outstanding per source."""
+        posted = False
+        for src, todo in self._to_post.items():
+            while todo and self._posted[src] < self.window:
+                entry, buf = todo.popleft()
+                self._recv_reqs.append(self.comm.Irecv([buf, self.MPI.BYTE], source=src, tag=TAG_KV_DATA))
+                self._recv_of.append((entry, src))
+                self._posted[src] += 1
+                posted = True
+        return posted
+
     def _received(self, done: list[int]) -> bool:
-        """Account for completed data receives (indices into `_recv_reqs`)."""
+        """Account for completed data receives (indices into `_recv_reqs`) and post the next ones."""
         for i in done:
-            self._recv_of[i][2] -= 1
+            entry, src = self._recv_of[i]
+            entry[2] -= 1
+            self._posted[src] -= 1
         for i in sorted(done, reverse=True):
             del self._recv_reqs[i], self._recv_of[i]
         if done:
+            self._post_receives()
             self._piece_done()
         return bool(done)
 
@@ -373,9 +402,9 @@ class MpiTransport(Transport):
             ctrl = list(self._ctrl) if self.priority else []
             if ctrl:
                 self._ctrl.clear()
-            elif not self.priority and self._ctrl and not self._active:
+            elif not self.priority and self._ctrl and not self._outstanding:  # one lane: after the KV before
                 ctrl = [self._ctrl.popleft()]
-            start = self._kv.popleft() if self.priority and self._kv and not self._active else None
+            start = self._kv.popleft() if self.priority and self._kv and self._outstanding < KV_AHEAD else None
             # a bulk message counts in the backlog until posted (KV: until its pieces are queued)
             handed = start is not None or not self.priority and bool(ctrl) and getattr(ctrl[0][1], "bulk", False)
             self._starting = handed
@@ -392,23 +421,15 @@ class MpiTransport(Transport):
             else:
                 self._post(dst, TAG_KV_HEAD, msg)  # bulk, in order with the KV
             moved = True
-        if handed:  # posted, or (KV) its pieces queued: the backlog counts it through `_active` now
+        if handed:  # posted, or (KV) its pieces handed to MPI: the backlog counts it in `_outstanding` now
             with self._lock:
                 self._starting = False
                 self._handed.notify_all()
-        while self._active and self._data_in_flight < self.window:
-            dst, spec, keep = self._active.popleft()
-            self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
-            self._send_keep.append((keep, True))
-            self._data_in_flight += 1
-            moved = True
-            if not self._active:
-                with self._lock:
-                    self._handed.notify_all()
         return moved
 
     def _start_kv(self, dst: int, msg: LayerKV) -> None:
-        """A header with the array's shape, then its bytes in pieces (queued in `_active`)."""
+        """A header with the array's shape, then every piece of its bytes handed to MPI (the receiver
+        posts their receives as it goes: it sets the pace)."""
         kv, pieces = msg.kv, []
         rows = _byte_rows(kv)
         if rows is None:  # contiguous (or made so): plain byte ranges
@@ -425,7 +446,14 @@ class MpiTransport(Transport):
                 pieces.append((dst, [buf, 1, self._strided(m, width, stride)], kv))
         head = dataclasses.replace(msg, kv=_Shape(tuple(kv.shape), kv.dtype, step))
         self._post(dst, TAG_KV_HEAD, head)
-        self._active.extend(pieces)
+        left = [len(pieces)]  # pieces of this message not sent yet
+        for dst, spec, keep in pieces:
+            self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
+            self._send_keep.append((keep, left))
+        self._data_in_flight += len(pieces)
+        if pieces:
+            with self._lock:
+                self._outstanding += 1
         self.sent_bytes["kv"] += kv.nbytes
 
     def _strided(self, rows: int, width: int, stride: int):
@@ -440,9 +468,18 @@ class MpiTransport(Transport):
     def _sent(self, done: list[int]) -> bool:
         """Account for completed sends (indices into `_send_reqs`)."""
         data = [i for i in done if isinstance(self._send_keep[i], tuple)]
+        through = 0  # KV messages whose last piece this was
+        for i in data:
+            left = self._send_keep[i][1]
+            left[0] -= 1
+            through += left[0] == 0
         for i in sorted(done, reverse=True):
             del self._send_reqs[i], self._send_keep[i]
         self._data_in_flight -= len(data)
+        if through:
+            with self._lock:
+                self._outstanding -= through
+                self._handed.notify_all()
         if data:
             self._piece_done()
         return bool(done)

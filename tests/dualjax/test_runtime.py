@@ -143,19 +143,22 @@ def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
 
 @pytest.mark.parametrize("priority", [True, False])
 def test_the_relay_backlog_counts_kv_not_control_messages(priority):
-    """`wait_backlog` (a relay keeping N layers queued) counts bulk messages only: on the FIFO lane
-    too, where control and KV share one queue, a queued ping must not hold the next layer back."""
+    """`wait_backlog` (a relay keeping N layers queued) counts bulk messages only, queued or with KV
+    in flight: on the FIFO lane too, where control and KV share one queue, a queued ping must not
+    hold the next layer back."""
     import collections
 
     from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
     from dualjax.runtime.transport import MpiTransport
     t = MpiTransport.__new__(MpiTransport)  # the queues alone: no MPI, no progress thread
-    t.priority, t._active, t._starting = priority, collections.deque(), False
+    t.priority, t._outstanding, t._starting = priority, 0, False
     kv = [(1, LayerKV(7, 0, 0, np.zeros((4, 2, 2, 16), np.float32))), (1, PrefillDone(7, 0, 1, {}))]
     control = [(1, Ready(7)), (1, Ready(8)), (1, Ready(9))]
     t._kv = collections.deque(kv if priority else [])
     t._ctrl = collections.deque(control if priority else [kv[0], *control, kv[1]])
     assert t._backlog() == 2
+    t._outstanding = 1  # a layer handed to MPI whose pieces are not all through counts too
+    assert t._backlog() == 3
 
 
 @pytest.mark.parametrize("argv,message", [
