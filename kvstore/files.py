@@ -29,6 +29,7 @@ from kvstore.pagecache import page_cached
 from kvstore.reads import pread_rows
 from kvstore.segments import (
     SegmentFile,
+    data_parts,
     encode_entry,
     entry_bytes,
     joined,
@@ -161,7 +162,7 @@ class SegmentFiles:
 
     def _write_segment(self, seg: int, items: list) -> tuple[np.ndarray, bytes]:
         """A segment's file, in place but not yet linked: its zarr3 shard index, its blocks (Layer
-        Blocks in slot, layer order, from the callers' arrays) and its entry, fsynced when `sync`.
+        Blocks in layer, slot order, from the callers' arrays) and its entry, fsynced when `sync`.
         Returns the blocks' layer checksums [n, L] and the entry. On a local directory this thread
         creates the file and writes the index and blocks with one pwritev while the writer thread
         checksums the blocks and encodes the entry (the shorter of the two, so the hand-over to
@@ -174,7 +175,7 @@ class SegmentFiles:
         if self.root is None:
             sums[:] = [layer_sums(b) for b in blocks]
             entry = encode_entry(bids, slots, sums)
-            self.data_kv.write(self.segment_key(seg), joined([index, *blocks, entry])).result()
+            self.data_kv.write(self.segment_key(seg), joined([index, *data_parts(blocks), entry])).result()
             return sums, entry
         end = len(index) + len(blocks) * layout.block_bytes
         size = end + entry_bytes(layout, len(blocks))
@@ -183,7 +184,7 @@ class SegmentFiles:
             return encode_entry(bids, slots, sums)
         hashed = self._writer_pool.submit(checksummed)
         try:
-            f = SegmentFile(self._segment_path(seg), size, [index, *blocks])
+            f = SegmentFile(self._segment_path(seg), size, [index, *data_parts(blocks)])
         except BaseException:
             hashed.exception()  # the checksums are done with `blocks` before the caller gets them back
             raise
@@ -254,7 +255,7 @@ class SegmentFiles:
 
     # -- reading -------------------------------------------------------------------------------
     def read_rows(self, out: np.ndarray, rows: list[int], entries: list, sel: slice):
-        """Start reading the blocks of `entries` [(slot, layer checksums)] (layers `sel`) into rows
+        """Start reading the blocks of `entries` [(slot, layer checksums, (k, n))] (layers `sel`) into rows
         `rows` of `out`: on a local directory, when `out`'s Layer Blocks are contiguous (its rows
         need not be: a layer-major buffer's are not), a reader thread copies them straight into
         `out` by `preadv` (whole blocks not in the page cache read past it, `O_DIRECT`) and checks
@@ -263,22 +264,23 @@ class SegmentFiles:
         if not self.preads(out):
             dst = ts.array(out, copy=False)
             dst = dst[rows[0]:rows[-1] + 1, sel] if rows[-1] - rows[0] + 1 == len(rows) else dst[np.array(rows), sel]
-            return dst.write(self.array[np.array([slot for slot, _ in entries], np.int64), sel])
+            return dst.write(self.array[np.array([e[0] for e in entries], np.int64), sel])
         return self._reader_pool.submit(pread_rows, self._segment_path, self.layout, self.S,
                                         shard_index_bytes(self.layout, self.S), out, rows, entries, sel)
 
-    def in_page_cache(self, slot: int) -> bool:
-        """Whether the first byte of block `slot` is in the page cache: a local directory's segment
-        file probed without waiting for the disk; elsewhere (and for a file that cannot be opened:
-        its read will say why) True."""
+    def in_page_cache(self, entry: tuple) -> bool:
+        """Whether the first byte of the block of `entry` (slot, checksums, (k, n)) is in the page
+        cache: a local directory's segment file probed without waiting for the disk; elsewhere (and
+        for a file that cannot be opened: its read will say why) True."""
         if self.root is None:
             return True
+        slot, _, (k, _) = entry
         try:
             fd = os.open(self._segment_path(slot // self.S), os.O_RDONLY)
         except OSError:
             return True
         try:
-            return page_cached(fd, shard_index_bytes(self.layout, self.S) + slot % self.S * self.layout.block_bytes)
+            return page_cached(fd, shard_index_bytes(self.layout, self.S) + k * self.layout.layer_bytes)
         finally:
             os.close(fd)
 

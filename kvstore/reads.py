@@ -33,50 +33,52 @@ def _mismatch(block: np.ndarray, sums, layers: range) -> str | None:
 
 def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, rows: list[int], entries: list,
                sel: slice) -> dict[int, str]:
-    """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`; slot s's
-    Layer Block l at `data_offset + (s % S * L + l) * layer_bytes`) into rows `rows` of `out` with
-    `preadv`, and check each Layer Block read against its checksum as it lands: whole blocks of
-    consecutive slots as one run (when not in the page cache, read past it with `O_DIRECT`, or
-    where that cannot be, announced to the kernel first), some
-    of a block's layers as a run of their own, one layer one Layer Block per block. `entries`:
-    (slot, per-layer checksums) in slot order. Returns {slot: why} for blocks that failed (missing
-    file, short file, I/O error, checksum mismatch)."""
+    """Read blocks (layers `sel`) from their segment files (`segment_path(segment)`) into rows `rows`
+    of `out` with `preadv`, and check each Layer Block read against its checksum as it lands. A
+    segment file holds its n blocks layer-major: the k-th block's Layer Block l at `data_offset +
+    (l * n + k) * layer_bytes`, so one layer of a segment's consecutive blocks is one run of the
+    file, and so are whole blocks of a whole segment. Each segment's Layer Blocks are read in file
+    order, adjacent ones together (`_pread_pieces`); whole blocks not in the page cache are read
+    past it with `O_DIRECT`, or where that cannot be, announced to the kernel first. `entries`:
+    (slot, per-layer checksums, (k, n)) in slot order. Returns {slot: why} for blocks that failed
+    (missing file, short file, I/O error, checksum mismatch)."""
     failed: dict[int, str] = {}
     by_segment = collections.defaultdict(list)
-    for (slot, sums), row in zip(entries, rows):
-        by_segment[slot // S].append((slot, row, sums))
-    whole = sel.stop - sel.start == layout.n_layers
+    for (slot, sums, (k, n)), row in zip(entries, rows):
+        by_segment[slot // S].append((k, n, slot, row, sums))
+    lb, whole = layout.layer_bytes, sel.stop - sel.start == layout.n_layers
     for segment, items in by_segment.items():
         path = segment_path(segment)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            failed.update((slot, f"{path}: {e.strerror}") for slot, _, _ in items)
+            failed.update((slot, f"{path}: {e.strerror}") for _, _, slot, _, _ in items)
             continue
         try:
-            if sel.stop - sel.start == 1:  # a layer-major read: one Layer Block per block, not adjacent in the file
-                failed.update(_pread_layer(fd, path, layout, S, data_offset, out, items, sel.start))
-                continue
-            runs = [[items[0]]]
-            for item in items[1:]:  # whole blocks of consecutive slots lie back to back: one read
-                if whole and item[0] == runs[-1][-1][0] + 1:
-                    runs[-1].append(item)
-                else:
-                    runs.append([item])
+            n = items[0][1]  # the items are in slot order, so the pieces in file order
+            pieces = [(layer * n + k, slot, row, layer, sums) for layer in range(sel.start, sel.stop)
+                      for k, _, slot, row, sums in items]
             direct = False
-            if whole and not page_cached(fd, data_offset + items[0][0] % S * layout.block_bytes):
+            if whole and not page_cached(fd, data_offset + pieces[0][0] * lb):
                 # cold: straight from the disk where the file system and the alignment allow, else announced
-                direct = _aligned(out, data_offset, layout.layer_bytes) and set_direct(fd)
+                direct = _aligned(out, data_offset, lb) and set_direct(fd)
                 if not direct:
-                    will_need(fd, [(data_offset + run[0][0] % S * layout.block_bytes, len(run) * layout.block_bytes)
-                                   for run in runs])
-            lean = whole and not direct and layout.block_bytes <= VERIFY_BYTES and out[items[0][1]].flags.c_contiguous
-            for run in runs:
-                failed.update(_pread_blocks(fd, path, layout, S, data_offset, out, run) if lean else
-                              _pread_run(fd, path, layout, S, data_offset, out, run, sel, direct))
+                    will_need(fd, [(data_offset + a * lb, (b - a) * lb) for a, b in _runs(pieces)])
+            failed.update(_pread_pieces(fd, path, lb, data_offset, out, pieces, direct))
         finally:
             os.close(fd)
     return failed
+
+
+def _runs(pieces: list) -> list[tuple[int, int]]:
+    """[start, stop) of each run of adjacent file positions among `pieces` (in file order)."""
+    runs = [[pieces[0][0], pieces[0][0] + 1]]
+    for pos, *_ in pieces[1:]:
+        if pos == runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([pos, pos + 1])
+    return [(a, b) for a, b in runs]
 
 
 def _aligned(out: np.ndarray, *offsets: int) -> bool:
@@ -85,96 +87,44 @@ def _aligned(out: np.ndarray, *offsets: int) -> bool:
     return all(x % DIRECT_ALIGN == 0 for x in (out.ctypes.data, *out.strides[:2], *offsets))
 
 
-def _pread_layer(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, items: list,
-                 layer: int) -> dict[int, str]:
-    """Layer `layer` of each block of `items` into its row, one `preadv` and one checksum per block:
-    the per-block work of `_pread_run` without its generality, since a layer-major read makes one
-    call per Layer Block (Python per call was most of such a read's cost beyond the copy)."""
+def _pread_pieces(fd: int, path: str, lb: int, data_offset: int, out: np.ndarray, pieces: list,
+                  direct: bool) -> dict[int, str]:
+    """Layer Blocks `pieces` [(position in the file's data, slot, row, layer, checksums)], in file
+    order, into `out[row, layer]` (each contiguous; the rows need not be): a run of adjacent
+    positions is one `preadv` of at most `VERIFY_BYTES` (one Layer Block if larger), its iovecs the
+    Layer Blocks, each checked right after the call, while the bytes are still in this core's cache
+    (a checksum pass over memory costs half a copy; over cache, a fraction). `direct`: `fd` reads
+    `O_DIRECT` (a cold read), `DIRECT_BYTES` per call; should the device refuse a call all the same
+    (`EINVAL`: it needs a coarser alignment), `O_DIRECT` is turned off and that call and the rest go
+    through the page cache. A mismatch fails its block; a short read (a file cut short) or an I/O
+    error every block with a piece from there on."""
     failed: dict[int, str] = {}
-    rows, L, lb = out[:, layer].view(np.uint8), layout.n_layers, layout.layer_bytes  # rows: contiguous Layer Blocks
-    for slot, row, sums in items:
-        dst = rows[row]
-        try:
-            got = os.preadv(fd, [dst], data_offset + (slot % S * L + layer) * lb)
-        except OSError as e:
-            failed[slot] = f"{path}: {e.strerror}"
-            continue
-        if got < lb:
-            failed[slot] = f"{path} is truncated"
-        elif xxhash.xxh3_64_intdigest(dst) != sums[layer]:
-            failed[slot] = f"checksum mismatch in layer {layer}"
-    return failed
-
-
-def _pread_blocks(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list) -> dict[int, str]:
-    """Consecutive whole blocks into their rows, each row contiguous and a block at most
-    `VERIFY_BYTES`: as many whole blocks per `preadv` as fit `VERIFY_BYTES`, each Layer Block checked
-    right after it lands: `_pread_run`'s warm read without its generality, whose Python per chunk,
-    run under one GIL, made two reader threads 25% slower than two processes doing the same reads;
-    this path makes a `get` 3-5% faster (docs/store.md)."""
-    lb, bb = layout.layer_bytes, layout.block_bytes
-    per = max(1, min(VERIFY_BYTES // bb, IOV_MAX))
-    rows = [memoryview(out[row]).cast("B") for _, row, _ in run]
-    offset = data_offset + run[0][0] % S * bb
-    failed: dict[int, str] = {}
-    for k0 in range(0, len(run), per):
-        k1 = min(k0 + per, len(run))
-        try:
-            got = os.preadv(fd, rows[k0:k1], offset + k0 * bb)
-        except OSError as e:
-            return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[k0:]}
-        for k in range(k0, k1):
-            slot, _, sums = run[k]
-            if (k - k0 + 1) * bb > got:
-                return failed | {slot: f"{path} is truncated" for slot, _, _ in run[k:]}
-            row = rows[k]
-            for layer, want in enumerate(sums.tolist()):
-                if xxhash.xxh3_64_intdigest(row[layer * lb:(layer + 1) * lb]) != want:
-                    failed[slot] = f"checksum mismatch in layer {layer}"
-                    break
-    return failed
-
-
-def _pread_run(fd: int, path: str, layout, S: int, data_offset: int, out: np.ndarray, run: list,
-               sel: slice, direct: bool = False) -> dict[int, str]:
-    """Consecutive blocks (layers `sel`) into their rows, at most `VERIFY_BYTES` (or one Layer Block,
-    if larger) per `preadv`, so a block larger than that takes several; each chunk's Layer Blocks
-    checked against their checksums right after it lands, while they are still in this core's
-    cache (a checksum pass over memory costs half a copy; over cache, a fraction). Each Layer Block
-    of `out` is contiguous; the rows need not be (a layer-major buffer's are not), so the iovecs
-    are then Layer Blocks. `direct`: `fd` reads `O_DIRECT` (a cold read), `DIRECT_BYTES` per call
-    (the checks then read memory, not cache, but no kernel copy went before them); should the
-    device refuse a call all the same (`EINVAL`: it needs a coarser alignment), `O_DIRECT` is
-    turned off and the call and the rest of the run go through the page cache."""
-    n, lb = sel.stop - sel.start, layout.layer_bytes
-    contiguous = out[run[0][1]].flags.c_contiguous  # one iovec per block's share of a chunk
-    per = max(1, min((DIRECT_BYTES if direct else VERIFY_BYTES) // lb, IOV_MAX))  # Layer Blocks per preadv
-    offset = data_offset + (run[0][0] % S * layout.n_layers + sel.start) * lb
-    failed: dict[int, str] = {}
-    for c in range(0, len(run) * n, per):
-        end = min(c + per, len(run) * n)
-        spans = [(k, max(c, k * n) - k * n + sel.start, min(end, k * n + n) - k * n + sel.start)
-                 for k in range(c // n, -(-end // n))]  # (block of the run, its first layer, stop)
-        iov = [out[run[k][1], a:b].reshape(-1).view(np.uint8) for k, a, b in spans] if contiguous \
-            else [out[run[k][1], layer].reshape(-1).view(np.uint8) for k, a, b in spans for layer in range(a, b)]
+    u8 = out.view(np.uint8)  # Layer Blocks as bytes (bfloat16 has no buffer format)
+    per = max(1, min((DIRECT_BYTES if direct else VERIFY_BYTES) // lb, IOV_MAX))
+    i = 0
+    while i < len(pieces):
+        j = i + 1
+        while j < len(pieces) and j - i < per and pieces[j][0] == pieces[j - 1][0] + 1:
+            j += 1
+        iov = [u8[row, layer] for _, _, row, layer, _ in pieces[i:j]]
+        offset = data_offset + pieces[i][0] * lb
         try:
             try:
-                got = os.preadv(fd, iov, offset + c * lb)
+                got = os.preadv(fd, iov, offset)
             except OSError as e:
                 if not direct or e.errno != errno.EINVAL:
                     raise
                 direct = set_direct(fd, False)
-                got = os.preadv(fd, iov, offset + c * lb)
-            landed = c + got // lb  # Layer Blocks of the run read so far
+                got = os.preadv(fd, iov, offset)
         except OSError as e:
-            return failed | {slot: f"{path}: {e.strerror}" for slot, _, _ in run[c // n:] if slot not in failed}
-        for k, a, b in spans:
-            slot, row, sums = run[k]
-            if k * n + b - sel.start > landed:
-                return failed | {slot: f"{path} is truncated" for slot, _, _ in run[k:] if slot not in failed}
-            why = None if slot in failed else _mismatch(out[row], sums, range(a, b))
-            if why:
-                failed[slot] = why
+            return failed | {slot: f"{path}: {e.strerror}" for _, slot, _, _, _ in pieces[i:] if slot not in failed}
+        landed = i + got // lb
+        for (_, slot, _, layer, sums), piece in zip(pieces[i:landed], iov):
+            if slot not in failed and xxhash.xxh3_64_intdigest(piece) != sums[layer]:
+                failed[slot] = f"checksum mismatch in layer {layer}"
+        if landed < j:
+            return failed | {slot: f"{path} is truncated" for _, slot, _, _, _ in pieces[landed:] if slot not in failed}
+        i = j
     return failed
 
 
@@ -225,7 +175,7 @@ class RequestReads:
         """Whether the request's first stored block is not in the page cache, so its read goes to
         the disk (local reads only; elsewhere, or with no block stored, False)."""
         first = next((e for e in self.entries if e is not None), None) if self.local else None
-        return first is not None and not self.store.files.in_page_cache(first[0])
+        return first is not None and not self.store.files.in_page_cache(first)
 
     def submit(self, b0: int, b1: int, layers: range):
         """Start reading blocks [b0, b1), layers `layers`, into their rows of `out`."""
@@ -276,11 +226,11 @@ class BlockRead:
     BlockRead is garbage-collected); no Python callback runs on TensorStore's threads.
     """
 
-    def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, entry: tuple[int, np.ndarray] | None):
+    def __init__(self, store, h: str, row: np.ndarray, fut, layers: range, entry: tuple | None):
         """`fut`: the read that fills `row` (shared by a group of blocks of one `get`), None for a
         miss: a local read's future gives {slot: why} for its blocks that failed, checksums
         included; a TensorStore read's raises when any of its blocks failed. `entry`: (slot,
-        per-layer checksums) from the block's index entry."""
+        per-layer checksums, (k, n)) from the block's index entry."""
         self.store, self.hash, self.row, self.fut, self.layers, self.entry = store, h, row, fut, layers, entry
         self._outcome: np.ndarray | None | bool = False  # False: not collected yet
 
@@ -313,7 +263,7 @@ class BlockRead:
         if self.fut is None:
             counters["misses"] += 1
             return None
-        slot, sums = self.entry
+        slot, sums, _ = self.entry
         try:
             failed = self.fut.result()  # local reads: {slot: why}, checksums checked by the reader thread
         except ValueError:  # a TensorStore read of the batch failed: read this one alone to see whether it did

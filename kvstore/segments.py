@@ -3,10 +3,14 @@ holds, its zarr3 metadata and shard index, its entry (its blocks' hashes, slots,
 ids and per-Layer-Block checksums), and how a segment is written and made visible atomically (a
 temp file renamed into place on a local directory; one TensorStore write elsewhere).
 
-A segment file is its zarr3 shard index, its blocks' Layer Blocks, then its entry and the entry's
-length. TensorStore finds chunks through the shard index and ignores the bytes after the last
-one, so the entry rides in the same file and `index/<hash>` is a hard link to that file; the
-blocks start where they did before the entry moved in (`shard_index_bytes`).
+A segment file is its zarr3 shard index, its blocks' Layer Blocks layer-major (layer 0 of each
+block in slot order, then layer 1, ...: `data_parts`), then its entry and the entry's length.
+TensorStore finds chunks through the shard index (a shard may hold its chunks in any order) and
+ignores the bytes after the last one, so the entry rides in the same file and `index/<hash>` is a
+hard link to that file; the blocks start where they did before the entry moved in
+(`shard_index_bytes`). Layer-major, one layer of a segment's consecutive blocks is one run of the
+file: a layerwise prefill's layer-major read takes it in a few large `preadv`s, not one per block
+(format 4, since 2026-12-03; format 3 held each block's Layer Blocks together).
 """
 
 from __future__ import annotations
@@ -57,13 +61,19 @@ def zarr_metadata(layout: BlockLayout, slots: int) -> dict:
 @functools.lru_cache(maxsize=256)
 def shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> bytes:
     """The zarr3 shard index [slots, L, 2] (<u8) of a segment file holding n blocks from position
-    `first`: (offset, length) per Layer Block, both all-ones for absent ones; the blocks follow
-    the index in slot, layer order. Cached: a writer uses few (first, n)."""
+    `first`: (offset, length) per Layer Block, both all-ones for absent ones; the Layer Blocks
+    follow the index in layer, slot order (`data_parts`). Cached: a writer uses few (first, n)."""
     index = np.full((slots, layout.n_layers, 2), np.iinfo(np.uint64).max, "<u8")
     offsets = shard_index_bytes(layout, slots) + np.arange(n * layout.n_layers, dtype="<u8") * layout.layer_bytes
-    index[first:first + n, :, 0] = offsets.reshape(n, layout.n_layers)
+    index[first:first + n, :, 0] = offsets.reshape(layout.n_layers, n).T
     index[first:first + n, :, 1] = layout.layer_bytes
     return index.tobytes()
+
+
+def data_parts(blocks: list) -> list:
+    """A segment's Full Blocks (in slot order) as the Layer Blocks its file holds, in file order:
+    layer 0 of every block, then layer 1, ... (views, no copy)."""
+    return [block[layer] for layer in range(len(blocks[0])) for block in blocks]
 
 
 def shard_index_bytes(layout: BlockLayout, slots: int) -> int:

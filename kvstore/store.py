@@ -1,13 +1,14 @@
 """The KV block store: Full Blocks in segment files, named by chained content hashes.
 
-On-disk format, version 3 (docs/store.md describes it byte by byte), under one TensorStore
+On-disk format, version 4 (docs/store.md describes it byte by byte), under one TensorStore
 kvstore (a local directory by default, `memory://` in tests, any TensorStore kvstore by spec):
 
 * `dualjax_store.json`: format, version, layout, fingerprint and `segment_slots` S. A store
   refuses another fingerprint, and a store of another format version, naming both;
 * `data/`: a zarr3 array `[slots, L, T, *record]` chunked in **segments** of S consecutive slots.
   A segment is one file (`data/<slot // S>.0.0...`, a zarr3 shard): its shard index (S·L
-  little-endian (offset, length) pairs), its blocks' Layer Blocks in slot, layer order, then its
+  little-endian (offset, length) pairs), its blocks' Layer Blocks layer-major (layer 0 of each
+  block in slot order, then layer 1, ...: a layer of consecutive blocks is one run), then its
   **entry** (the blocks' hashes; per block its slot, parent hash, one XXH3-64 per Layer Block and
   token ids; an XXH3-64 of all of it; its length). A put writes its new blocks into fresh
   segments, so one file holds up to S blocks of one put;
@@ -62,9 +63,10 @@ from kvstore.segments import (
 log = logging.getLogger(__name__)
 
 MANIFEST = "dualjax_store.json"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
+Entry = tuple  # (slot, layer checksums [L] <u8, (k, n): the block's place in its segment, `_span`)
 COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
 
 
@@ -77,6 +79,12 @@ def _describe(layout_json) -> str:
 
 def _new_writer() -> int:
     return int.from_bytes(os.urandom(8), "little") >> (64 - WRITER_BITS)
+
+
+def _span(h: str, members: tuple[str, ...]) -> tuple[int, int]:
+    """(k, n): block `h` is the k-th of the n blocks of its segment (`members`, in slot order), which
+    says where its Layer Blocks lie in the segment file (kvstore/segments.py)."""
+    return members.index(h), len(members)
 
 
 def _is_hash(key: str) -> bool:
@@ -149,7 +157,7 @@ class BlockStore:
         self.array = self.files.array  # the zarr3 array [slots, L, T, *record] the segment files make up
         self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
         self._lock = self._view.lock
-        self._entries: dict[str, tuple[int, np.ndarray]] = {}  # hash -> (slot, layer checksums) verified here
+        self._entries: dict[str, Entry] = {}  # hash -> (slot, layer checksums, (k, n)) verified here
         self._writer, self._counter = _new_writer(), 0
         self._logged_causes: set[str] = set()
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
@@ -277,7 +285,7 @@ class BlockStore:
         S = self.slots_per_segment
         with self._lock:
             for h, (slot, sums, members) in entries.items():
-                self._entries[h] = (slot, sums)
+                self._entries[h] = (slot, sums, _span(h, members))
                 self._view.segments[h] = (slot // S, members)
                 self._view.lru[h] = None
         self.counters["blocks_written"] += len(todo)
@@ -350,8 +358,8 @@ class BlockStore:
             self._view.segments.pop(m, None)
             self._entries.pop(m, None)
 
-    def _parse_entry(self, h: str, raw: bytes | None) -> tuple[int, np.ndarray] | None:
-        """(slot, layer checksums) of block `h` from `raw` (its segment file's tail, or its entry), or
+    def _parse_entry(self, h: str, raw: bytes | None) -> Entry | None:
+        """(slot, layer checksums, (k, n): `_span`) of block `h` from `raw` (its segment file's tail, or its entry), or
         None: missing, or malformed (then dropped from the index and counted as a bad block, so
         the next put writes it again). A local segment file whose entry is unreadable (cut short,
         garbled) cannot serve any of its blocks: it is emptied, so its space returns at once (its
@@ -370,13 +378,14 @@ class BlockStore:
             self.counters["invalidated"] += 1
             return None
         slot, sums, members = record
+        entry = (slot, sums, _span(h, members))
         with self._lock:
-            self._entries[h] = (slot, sums)
+            self._entries[h] = entry
             self._view.segments[h] = (slot // self.slots_per_segment, members)
-        return slot, sums
+        return entry
 
-    def entries(self, hashes: list[str]) -> list[tuple[int, np.ndarray] | None]:
-        """(slot, layer checksums) per block from its index entry (None: a miss, or an entry found
+    def entries(self, hashes: list[str]) -> list[Entry | None]:
+        """(slot, layer checksums, (k, n): `_span`) per block from its index entry (None: a miss, or an entry found
         malformed, which is dropped); entries verified once are remembered."""
         with self._lock:
             known = [self._entries.get(h) for h in hashes]

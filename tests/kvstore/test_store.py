@@ -88,14 +88,17 @@ def test_one_put_is_one_file_and_each_block_is_a_link_to_it(tmp_path, store):
         not [f for d in ("data", "index") for f in os.listdir(tmp_path / "store" / d) if f.endswith(".tmp")]
     links = [os.stat(tmp_path / "store" / "index" / b.hash) for b in ids]
     S, L = store.slots_per_segment, LAYOUT.n_layers
-    path, offset = _block_in_file(tmp_path, store, ids[4].hash)
+    path, offset = _layer_in_file(tmp_path, store, ids[4].hash)
     assert os.stat(path).st_ino == links[4].st_ino == links[3].st_ino != links[0].st_ino  # the file holds the entry
     assert len({e.st_ino for e in links[:3]}) == 1 and links[0].st_nlink == 4 and links[3].st_nlink == 3
     entry = 7 + 2 * (16 + 24 + 8 * L + 4 * LAYOUT.block_tokens) + 12  # head, 2 x (hash, record), checksum, length
     assert os.path.getsize(path) == S * L * 16 + 2 * LAYOUT.block_bytes + entry
     raw = np.fromfile(path, np.uint8)
-    np.testing.assert_array_equal(raw[offset:offset + LAYOUT.block_bytes].view(np.float32).reshape(LAYOUT.full_shape),
-                                  blocks[4])
+    assert offset == S * L * 16 + LAYOUT.layer_bytes  # layer-major: block 3's layer 0, block 4's, block 3's layer 1 ...
+    assert _layer_in_file(tmp_path, store, ids[3].hash, 1)[1] == offset + LAYOUT.layer_bytes
+    layers = [_layer_in_file(tmp_path, store, ids[4].hash, layer)[1] for layer in range(L)]
+    np.testing.assert_array_equal(np.stack([raw[o:o + LAYOUT.layer_bytes] for o in layers]).view(np.float32).reshape(
+        LAYOUT.full_shape), blocks[4])
     body = raw[-entry:-12].tobytes()
     assert body[:7] == b"DJIX6" + (2).to_bytes(2, "little") and body[7:23].hex() == ids[3].hash
     tail = raw[-12:].tobytes()
@@ -158,13 +161,14 @@ def test_bad_blocks_and_ids_are_rejected(store):
         store.get(["../../etc/passwd"])
 
 
-def _block_in_file(tmp_path, store, h, layout=LAYOUT):
-    """(segment file, offset of block `h` in it): the shard index (S·L (offset, length) pairs of
-    <u8) comes first, then the segment's blocks in slot order, then its entry."""
-    slot = store.entries([h])[0][0]
+def _layer_in_file(tmp_path, store, h, layer=0, layout=LAYOUT):
+    """(segment file, offset of block `h`'s Layer Block `layer` in it): the shard index (S·L
+    (offset, length) pairs of <u8) comes first, then the segment's n blocks layer-major (layer 0
+    of each in slot order, then layer 1, ...), then its entry."""
+    slot, _, (k, n) = store.entries([h])[0]
     S = store.slots_per_segment
     path = tmp_path / "store" / "data" / store.files.segment_key(slot // S)
-    return str(path), S * layout.n_layers * 16 + slot % S * layout.block_bytes
+    return str(path), S * layout.n_layers * 16 + (layer * n + k) * layout.layer_bytes
 
 
 @pytest.mark.parametrize("fault", ["flip", "truncate", "delete", "delete-entry", "bad-entry"])
@@ -173,14 +177,14 @@ def test_corrupt_truncated_or_missing_block_is_a_miss_from_there_on(tmp_path, st
     store.put(ids[:2], blocks[:2])
     store.put(ids[2:], blocks[2:])  # one segment of three blocks
     victim = ids[3].hash
-    path, offset = _block_in_file(tmp_path, store, victim)
+    path, offset = _layer_in_file(tmp_path, store, victim, LAYOUT.n_layers - 1)
     entry = str(tmp_path / "store" / "index" / victim)
     if fault == "flip":
         raw = bytearray(open(path, "rb").read())
-        raw[offset + LAYOUT.block_bytes // 2] ^= 0x10
+        raw[offset + LAYOUT.layer_bytes // 2] ^= 0x10
         open(path, "wb").write(bytes(raw))
     elif fault == "truncate":
-        os.truncate(path, offset + LAYOUT.block_bytes // 2)
+        os.truncate(path, offset + LAYOUT.layer_bytes // 2)
     elif fault == "delete":
         os.remove(path)
     elif fault == "delete-entry":
@@ -207,19 +211,19 @@ def test_a_block_cut_short_under_a_known_entry_is_a_miss(tmp_path, store):
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
     assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
-    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
-    os.truncate(path, offset + LAYOUT.block_bytes // 2)
+    path, offset = _layer_in_file(tmp_path, store, ids[1].hash, LAYOUT.n_layers - 1)
+    os.truncate(path, offset + LAYOUT.layer_bytes // 2)  # block 1's last layer cut, block 0 whole
     assert len(store.get_prefix([b.hash for b in ids])) == 1 and store.stats()["bad_blocks"] == 1
     assert not os.path.exists(path) and not any(store.contains(b.hash) for b in ids)
 
 
 @pytest.mark.parametrize("rows", ["blocks", "layer-major"])
 def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_path, store, monkeypatch, rows):
-    """Every read is `preadv`s of at most `VERIFY_BYTES` (a block larger than that in several, split
-    between Layer Blocks), each Layer Block checked as it lands; a cold read first tells the kernel
-    about each run of blocks, a warm one does not; a corrupted Layer Block and a block past a
-    truncated file's end are misses. Into whole-block rows a call takes whole blocks (as many as fit);
-    into a layer-major buffer (its rows strided) Layer Blocks, so a call ends inside a block."""
+    """Every read is `preadv`s of at most `VERIFY_BYTES`, each a run of adjacent Layer Blocks in the
+    file (layer-major: one layer of consecutive blocks), each Layer Block checked as it lands; a
+    cold read first tells the kernel about each run, a warm one does not; a corrupted Layer Block
+    and a block past a truncated file's end are misses. Into whole-block rows and into a
+    layer-major buffer (its rows strided) alike."""
     calls, real, cold = [], os.preadv, [False]
 
     def preadv(fd, bufs, *a):
@@ -233,7 +237,7 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     monkeypatch.setattr(kv.reads.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
         (offset, length, advice)))
     assert LAYOUT.n_layers == 2
-    monkeypatch.setattr(kv.reads, "VERIFY_BYTES", 3 * LAYOUT.layer_bytes)  # a call ends inside every other block
+    monkeypatch.setattr(kv.reads, "VERIFY_BYTES", 3 * LAYOUT.layer_bytes)
     ids, blocks = _chain(3), _blocks(3)
     store.put(ids, blocks)
     hashes = [b.hash for b in ids]
@@ -243,11 +247,11 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
             np.zeros((LAYOUT.n_layers, len(hs), *LAYOUT.full_shape[1:]), LAYOUT.np_dtype).swapaxes(0, 1)
         return [r.result() for r in store.get(hs, out)]
     np.testing.assert_array_equal(np.stack(get(hashes)), blocks)
-    call = LAYOUT.block_bytes if rows == "blocks" else 3 * LAYOUT.layer_bytes
-    assert calls and max(calls) == call and not advised  # warm: nothing announced
+    # `get` gives blocks 0-1 to one task, 2 to the other: layer 0 of blocks 0-1 is one call, layer 1's another
+    assert sorted(calls) == [LAYOUT.layer_bytes] * 2 + [2 * LAYOUT.layer_bytes] * 2 and not advised  # warm: nothing
     cold[0] = True
     np.testing.assert_array_equal(np.stack(get(hashes)), blocks)
-    _, first = _block_in_file(tmp_path, store, ids[0].hash)
+    _, first = _layer_in_file(tmp_path, store, ids[0].hash)
     spans = sorted(advised)  # one per run of consecutive blocks in a read task (`get` gives both threads some)
     assert {a for _, _, a in spans} == {os.POSIX_FADV_WILLNEED} and spans[0][0] == first and \
         all(o + n == next_o for (o, n, _), (next_o, _, _) in zip(spans, spans[1:])) and \
@@ -258,10 +262,10 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     out = np.zeros_like(blocks)
     assert all(r.result() is not None for r in store.get(hashes, out, layers=range(1, 2)))
     np.testing.assert_array_equal(out[:, 1], blocks[:, 1])
-    assert calls == [LAYOUT.layer_bytes] * 3 and not out[:, 0].any()
-    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
-    with open(path, "r+b") as f:  # in place: same file, same size; (layer-major) in the second call of a split block
-        f.seek(offset + (LAYOUT.n_layers - 1) * LAYOUT.layer_bytes + 5)
+    assert sorted(calls) == [LAYOUT.layer_bytes, 2 * LAYOUT.layer_bytes] and not out[:, 0].any()
+    path, offset = _layer_in_file(tmp_path, store, ids[1].hash, LAYOUT.n_layers - 1)
+    with open(path, "r+b") as f:  # in place: same file, same size
+        f.seek(offset + 5)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
@@ -271,8 +275,8 @@ def test_reads_preadv_a_chunk_at_a_time_checked_and_announce_only_cold_runs(tmp_
     ids, blocks = _chain(3, offset=1000), _blocks(3, seed=7)
     store.put(ids, blocks)
     assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
-    path, offset = _block_in_file(tmp_path, store, ids[1].hash)
-    os.truncate(path, offset + LAYOUT.block_bytes - LAYOUT.layer_bytes // 2)  # the first call's Layer Blocks are whole
+    path, offset = _layer_in_file(tmp_path, store, ids[1].hash, LAYOUT.n_layers - 1)
+    os.truncate(path, offset + LAYOUT.layer_bytes // 2)  # block 0's Layer Blocks are whole, 1's last cut, 2's last gone
     got = get([b.hash for b in ids])
     np.testing.assert_array_equal(got[0], blocks[0])
     assert got[1] is None and got[2] is None
@@ -357,13 +361,14 @@ def test_a_cold_read_bypasses_the_page_cache_checked_and_falls_back_where_refuse
         refuse[0], out = 1, layout.empty(3)  # a device that wants more than 4 KiB alignment: refused once
         assert all(r.result() is not None for r in store.get(hashes, out))
         np.testing.assert_array_equal(out, blocks)
-        # two tasks (one per reader thread): blocks 0-1 in three calls, block 2 in two. The refused
-        # one reads the rest of its run through the page cache: 3 or 4 O_DIRECT calls, not 6
-        assert [got for _, got in calls].count(errno.EINVAL) == 1 and len(calls) in (3, 4)
+        # two tasks (one per reader thread), four calls each: blocks 0-1 a layer a call, block 2 a
+        # Layer Block a call. The refused call, the first, reads the rest of its task through the
+        # page cache: 5 O_DIRECT calls, not 8
+        assert [got for _, got in calls].count(errno.EINVAL) == 1 and len(calls) == 5
 
-        path, offset = _block_in_file(tmp_path, store, ids[1].hash, layout)
+        path, offset = _layer_in_file(tmp_path, store, ids[1].hash, layout.n_layers - 1, layout)
         with open(path, "r+b") as f:  # a byte of block 1's last Layer Block, on the disk
-            f.seek(offset + (layout.n_layers - 1) * layout.layer_bytes + 5)
+            f.seek(offset + 5)
             byte = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0x40]))  # in the page cache: an O_DIRECT read writes it back first
@@ -375,8 +380,8 @@ def test_a_cold_read_bypasses_the_page_cache_checked_and_falls_back_where_refuse
         ids, blocks = _chain(3, layout, offset=1000), _blocks(3, layout, seed=7)
         store.put(ids, blocks)
         assert len(store.get_prefix([b.hash for b in ids])) == 3  # entries known now
-        path, offset = _block_in_file(tmp_path, store, ids[1].hash, layout)
-        os.truncate(path, offset + layout.block_bytes - layout.layer_bytes // 2)
+        path, offset = _layer_in_file(tmp_path, store, ids[1].hash, layout.n_layers - 1, layout)
+        os.truncate(path, offset + layout.layer_bytes // 2)
         calls.clear()
         got = [r.result() for r in store.get([b.hash for b in ids])]
         np.testing.assert_array_equal(got[0], blocks[0])
@@ -384,15 +389,15 @@ def test_a_cold_read_bypasses_the_page_cache_checked_and_falls_back_where_refuse
 
 
 def test_pread_rows_says_why_each_block_failed(tmp_path, monkeypatch):
-    """`pread_rows` on a hand-made segment file (4 layers, 3 blocks back to back): whole blocks and
+    """`pread_rows` on a hand-made segment file (4 layers of 3 blocks, layer-major): whole blocks and
     some layers of a block, in calls of at most `VERIFY_BYTES`; a checksum mismatch fails its block
-    only, a short file the block it cuts and every later one of the run, an I/O error the blocks
-    from the failing call on."""
+    only, a short file every block with a Layer Block past the cut, an I/O error every block with
+    a Layer Block in the failing call or after it."""
     layout = _layout(n_layers=4)
     lb, blocks = layout.layer_bytes, _blocks(3, layout)
     path = tmp_path / "seg"
-    blocks.tofile(path)
-    entries = [(s, [xxhash.xxh3_64_intdigest(blocks[s, layer]) for layer in range(4)]) for s in range(3)]
+    blocks.swapaxes(0, 1).tofile(path)  # Layer Block l of block k at (3 l + k) * lb
+    entries = [(s, [xxhash.xxh3_64_intdigest(blocks[s, layer]) for layer in range(4)], (s, 3)) for s in range(3)]
 
     def read(sel=slice(0, 4), verify=3 * lb):
         monkeypatch.setattr(kv.reads, "VERIFY_BYTES", verify)
@@ -401,16 +406,16 @@ def test_pread_rows_says_why_each_block_failed(tmp_path, monkeypatch):
         return failed, out
     failed, out = read()
     assert failed == {} and np.array_equal(out, blocks)
-    failed, out = read(slice(1, 3), lb)  # two calls per block
+    failed, out = read(slice(1, 3), lb)  # a call per Layer Block
     assert failed == {} and np.array_equal(out[:, 1:3], blocks[:, 1:3]) and not out[:, [0, 3]].any()
     data = bytearray(path.read_bytes())
-    data[(4 + 2) * lb + 7] ^= 0x40  # block 1, layer 2: the second of the two calls it spans
+    data[(3 * 2 + 1) * lb + 7] ^= 0x40  # block 1, layer 2
     path.write_bytes(data)
     failed, out = read()
     assert failed == {1: "checksum mismatch in layer 2"} and np.array_equal(out[[0, 2]], blocks[[0, 2]])
-    path.write_bytes(data[:(4 + 3) * lb + 100])  # cut inside block 1's last layer
+    path.write_bytes(blocks.swapaxes(0, 1).tobytes()[:(3 * 3 + 1) * lb + 100])  # cut in block 1's last layer, 2's gone
     assert read()[0] == {1: f"{path} is truncated", 2: f"{path} is truncated"}
-    path.write_bytes(blocks.tobytes())
+    path.write_bytes(blocks.swapaxes(0, 1).tobytes())
     calls, real = [], os.preadv
 
     def preadv(fd, bufs, offset, *a):
@@ -420,10 +425,10 @@ def test_pread_rows_says_why_each_block_failed(tmp_path, monkeypatch):
                 raise OSError(5, "Input/output error")
         return real(fd, bufs, offset, *a)
     monkeypatch.setattr(kv.reads.os, "preadv", preadv)
-    failed, out = read()  # Layer Blocks 0-2, 3-5 (block 0 done), then 6-8 (block 1's last two, block 2's first) fail
+    failed, out = read()  # layers 0 and 1 of the three blocks, then layer 2's call fails: every block has one there
     assert calls == [0, 3 * lb, 6 * lb]
-    assert failed == {1: f"{path}: Input/output error", 2: f"{path}: Input/output error"}
-    assert np.array_equal(out[0], blocks[0])
+    assert failed == {k: f"{path}: Input/output error" for k in range(3)}
+    assert np.array_equal(out[:, :2], blocks[:, :2])
 
 
 def test_get_allocates_a_page_aligned_buffer(store):
@@ -535,7 +540,7 @@ def test_a_bad_block_is_dropped_with_its_segment_and_rewritten_by_the_next_put(t
     ids, blocks = _chain(4), _blocks(4)
     store.put(ids[:1], blocks[:1])
     store.put(ids[1:], blocks[1:])
-    path, offset = _block_in_file(tmp_path, store, ids[2].hash)
+    path, offset = _layer_in_file(tmp_path, store, ids[2].hash)
     raw = bytearray(open(path, "rb").read())
     raw[offset + 10] ^= 0xFF
     open(path, "wb").write(bytes(raw))
@@ -546,14 +551,14 @@ def test_a_bad_block_is_dropped_with_its_segment_and_rewritten_by_the_next_put(t
     np.testing.assert_array_equal(np.stack(store.get_prefix([b.hash for b in ids])), blocks)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 3])
 def test_a_store_of_another_format_version_is_refused(tmp_path, version):
     spec = kv.local_spec(tmp_path / "s")
     kv.BlockStore(spec, LAYOUT).close()
     manifest = tmp_path / "s" / kv.MANIFEST
     manifest.write_text(manifest.read_text().replace(f'"version": {kv.FORMAT_VERSION}', f'"version": {version}'))
-    with pytest.raises(kv.StoreError, match=f"store format version {version} is not this dualjax's version 3 .*"
-                                            "use a new store directory or delete the old store"):
+    with pytest.raises(kv.StoreError, match=f"store format version {version} is not this dualjax's version "
+                                            f"{kv.FORMAT_VERSION} .*use a new store directory or delete the old store"):
         kv.BlockStore(spec, LAYOUT)
 
 
@@ -575,8 +580,8 @@ def test_reads_land_in_a_layer_major_buffer(tmp_path, n_layers, dtype):
         for layer in range(n_layers):
             assert all(r.result() is not None for r in s.get(hashes, out, layers=range(layer, layer + 1)))
         np.testing.assert_array_equal(out, blocks)
-        path, offset = _block_in_file(tmp_path, s, hashes[-1], layout)
-        os.truncate(path, offset + layout.block_bytes // 2)  # entries known: the read finds the cut
+        path, offset = _layer_in_file(tmp_path, s, hashes[-1], n_layers - 1, layout)
+        os.truncate(path, offset + layout.layer_bytes // 2)  # entries known: the read finds the cut
         assert [r.result() is not None for r in s.get(hashes, out)] == [True] * (n - 1) + [False]
 
 
