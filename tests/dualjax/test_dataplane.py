@@ -146,11 +146,11 @@ def test_mpi_transport_takes_a_message_in_when_a_sleeping_rank_wakes():
 @pytest.mark.slow
 def test_dataplane_benchmark_quick(tmp_path):
     """The keys other tools read, the bound beside each path, and a spent budget stops each run's trials
-    after two (embedded, cold, and under mpiexec, where both ranks follow rank 0's clock)."""
+    after `MIN_TRIALS` (embedded, cold, and under mpiexec, where both ranks follow rank 0's clock)."""
     from dualjax.bench import dataplane
     result = dataplane.main(["--quick", "--budget-s", "0", "--json", str(tmp_path / "dp.json"),
                              "--plot", str(tmp_path / "dp.png")])
-    assert [result[run]["trials"] for run in ("embedded", "embedded_cold", "mpi")] == [2, 2, 2]
+    assert [result[run]["trials"] for run in ("embedded", "embedded_cold", "mpi")] == [dataplane.MIN_TRIALS] * 3
     assert (tmp_path / "dp.png").stat().st_size > 0
     assert {"pe_vs_raw", "de_vs_raw", "raw_read_gbps", "pe_vs_raw_parallel", "de_vs_raw_parallel",
             "stages"} <= set(result)
