@@ -405,7 +405,7 @@ class MpiTransport(Transport):
             elif not self.priority and self._ctrl and not self._outstanding:  # one lane: after the KV before
                 ctrl = [self._ctrl.popleft()]
             start = self._kv.popleft() if self.priority and self._kv and self._outstanding < KV_AHEAD else None
-            # a bulk message counts in the backlog until posted (KV: until its pieces are queued)
+            # a bulk message counts in the backlog until posted (KV: then in `_outstanding` until its pieces are sent)
             handed = start is not None or not self.priority and bool(ctrl) and getattr(ctrl[0][1], "bulk", False)
             self._starting = handed
         moved = bool(ctrl)
