@@ -70,10 +70,12 @@ def shard_index(layout: BlockLayout, slots: int, first: int, n: int) -> bytes:
     return index.tobytes()
 
 
-def data_parts(blocks: list) -> list:
+def data_parts(blocks: list) -> list[memoryview]:
     """A segment's Full Blocks (in slot order) as the Layer Blocks its file holds, in file order:
-    layer 0 of every block, then layer 1, ... (views, no copy)."""
-    return [block[layer] for layer in range(len(blocks[0])) for block in blocks]
+    layer 0 of every block, then layer 1, ... (the bytes of each, not copied; a block that is not
+    C-contiguous is copied once)."""
+    rows = [np.ascontiguousarray(block).reshape(len(block), -1).view(np.uint8) for block in blocks]
+    return [memoryview(row[layer]) for layer in range(len(rows[0])) for row in rows]
 
 
 def shard_index_bytes(layout: BlockLayout, slots: int) -> int:
@@ -144,8 +146,10 @@ def read_tail(path: str, limit: int) -> bytes | None:
 
 
 def _bytes_of(a) -> memoryview:
-    """The bytes of a C-contiguous array (any dtype, bfloat16 included) or bytes, not copied."""
-    return memoryview(a if isinstance(a, bytes) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    """The bytes of a C-contiguous array (any dtype, bfloat16 included), bytes or a memoryview, not copied."""
+    if isinstance(a, (bytes, memoryview)):
+        return memoryview(a)
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
 def joined(parts: list) -> bytes:
