@@ -47,6 +47,7 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
     for (slot, sums, (k, n)), row in zip(entries, rows):
         by_segment[slot // S].append((k, n, slot, row, sums))
     lb, whole = layout.layer_bytes, sel.stop - sel.start == layout.n_layers
+    u8 = out.view(np.uint8)  # Layer Blocks as bytes (bfloat16 has no buffer format)
     for segment, items in by_segment.items():
         path = segment_path(segment)
         try:
@@ -58,27 +59,23 @@ def pread_rows(segment_path, layout, S: int, data_offset: int, out: np.ndarray, 
             n = items[0][1]  # the items are in slot order, so the pieces in file order
             pieces = [(layer * n + k, slot, row, layer, sums) for layer in range(sel.start, sel.stop)
                       for k, _, slot, row, sums in items]
+            runs = _runs(pieces)
             direct = False
             if whole and not page_cached(fd, data_offset + pieces[0][0] * lb):
                 # cold: straight from the disk where the file system and the alignment allow, else announced
                 direct = _aligned(out, data_offset, lb) and set_direct(fd)
                 if not direct:
-                    will_need(fd, [(data_offset + a * lb, (b - a) * lb) for a, b in _runs(pieces)])
-            failed.update(_pread_pieces(fd, path, lb, data_offset, out, pieces, direct))
+                    will_need(fd, [(data_offset + pieces[i][0] * lb, (j - i) * lb) for i, j in runs])
+            failed.update(_pread_pieces(fd, path, lb, data_offset, u8, pieces, runs, direct))
         finally:
             os.close(fd)
     return failed
 
 
 def _runs(pieces: list) -> list[tuple[int, int]]:
-    """[start, stop) of each run of adjacent file positions among `pieces` (in file order)."""
-    runs = [[pieces[0][0], pieces[0][0] + 1]]
-    for pos, *_ in pieces[1:]:
-        if pos == runs[-1][1]:
-            runs[-1][1] += 1
-        else:
-            runs.append([pos, pos + 1])
-    return [(a, b) for a, b in runs]
+    """[i, j) of each run of `pieces` (in file order) whose file positions are adjacent."""
+    starts = [i for i in range(len(pieces)) if i == 0 or pieces[i][0] != pieces[i - 1][0] + 1]
+    return list(zip(starts, starts[1:] + [len(pieces)]))
 
 
 def _aligned(out: np.ndarray, *offsets: int) -> bool:
@@ -87,25 +84,21 @@ def _aligned(out: np.ndarray, *offsets: int) -> bool:
     return all(x % DIRECT_ALIGN == 0 for x in (out.ctypes.data, *out.strides[:2], *offsets))
 
 
-def _pread_pieces(fd: int, path: str, lb: int, data_offset: int, out: np.ndarray, pieces: list,
+def _pread_pieces(fd: int, path: str, lb: int, data_offset: int, u8: np.ndarray, pieces: list, runs: list,
                   direct: bool) -> dict[int, str]:
     """Layer Blocks `pieces` [(position in the file's data, slot, row, layer, checksums)], in file
-    order, into `out[row, layer]` (each contiguous; the rows need not be): a run of adjacent
-    positions is one `preadv` of at most `VERIFY_BYTES` (one Layer Block if larger), its iovecs the
-    Layer Blocks, each checked right after the call, while the bytes are still in this core's cache
-    (a checksum pass over memory costs half a copy; over cache, a fraction). `direct`: `fd` reads
+    order, into `u8[row, layer]` (a caller's buffer as bytes; each Layer Block contiguous, the rows
+    need not be): each run of adjacent positions (`runs`, from `_runs`) in `preadv`s of at most
+    `VERIFY_BYTES` (one Layer Block if larger), their iovecs the Layer Blocks, each checked right
+    after the call, while the bytes are still in this core's cache (a checksum pass over memory
+    costs half a copy; over cache, a fraction). `direct`: `fd` reads
     `O_DIRECT` (a cold read), `DIRECT_BYTES` per call; should the device refuse a call all the same
     (`EINVAL`: it needs a coarser alignment), `O_DIRECT` is turned off and that call and the rest go
     through the page cache. A mismatch fails its block; a short read (a file cut short) or an I/O
     error every block with a piece from there on."""
     failed: dict[int, str] = {}
-    u8 = out.view(np.uint8)  # Layer Blocks as bytes (bfloat16 has no buffer format)
     per = max(1, min((DIRECT_BYTES if direct else VERIFY_BYTES) // lb, IOV_MAX))
-    i = 0
-    while i < len(pieces):
-        j = i + 1
-        while j < len(pieces) and j - i < per and pieces[j][0] == pieces[j - 1][0] + 1:
-            j += 1
+    for i, j in ((i, min(i + per, end)) for start, end in runs for i in range(start, end, per)):
         iov = [u8[row, layer] for _, _, row, layer, _ in pieces[i:j]]
         offset = data_offset + pieces[i][0] * lb
         try:
@@ -124,7 +117,6 @@ def _pread_pieces(fd: int, path: str, lb: int, data_offset: int, out: np.ndarray
                 failed[slot] = f"checksum mismatch in layer {layer}"
         if landed < j:
             return failed | {slot: f"{path} is truncated" for _, slot, _, _, _ in pieces[landed:] if slot not in failed}
-        i = j
     return failed
 
 

@@ -435,7 +435,7 @@ class MpiTransport(Transport):
         if rows is None:  # contiguous (or made so): plain byte ranges
             flat = np.ascontiguousarray(kv).reshape(-1).view(np.uint8)
             step = self.chunk_bytes
-            pieces = [(dst, [flat[i:i + step], self.MPI.BYTE], flat) for i in range(0, flat.size, step)]
+            pieces = [([flat[i:i + step], self.MPI.BYTE], flat) for i in range(0, flat.size, step)]
         else:  # rows of `width` bytes, `stride` apart (a layer of Full Blocks): datatypes, no copy
             n, width, stride, addr = rows
             per = max(1, self.chunk_bytes // width)
@@ -443,11 +443,11 @@ class MpiTransport(Transport):
             for r in range(0, n, per):
                 m = min(per, n - r)
                 buf = self.MPI.buffer.fromaddress(addr + r * stride, (m - 1) * stride + width, readonly=True)
-                pieces.append((dst, [buf, 1, self._strided(m, width, stride)], kv))
+                pieces.append(([buf, 1, self._strided(m, width, stride)], kv))
         head = dataclasses.replace(msg, kv=_Shape(tuple(kv.shape), kv.dtype, step))
         self._post(dst, TAG_KV_HEAD, head)
         left = [len(pieces)]  # pieces of this message not sent yet
-        for dst, spec, keep in pieces:
+        for spec, keep in pieces:  # (MPI buffer spec, the array it reads)
             self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
             self._send_keep.append((keep, left))
         self._data_in_flight += len(pieces)
