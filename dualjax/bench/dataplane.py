@@ -351,7 +351,7 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
                 r0[k] = (r0[k][0], r0[k][1] + cpu, *r0[k][2:])
         summary = _summary(d, every[0], {"pe": len(cpus[0]), "de": len(cpus[0] | cpus[1])})
         with open(out_path, "w") as f:
-            json.dump(summary | {"waits_inside_mpi": any(waited)}, f)
+            json.dump(summary | {"waits_inside_mpi": any(waited), "waits_inside_mpi_ranks": waited}, f)
 
 
 def main(argv=None) -> dict:

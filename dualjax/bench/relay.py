@@ -172,7 +172,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "control_p99_ms_priority_rounds": [float(np.percentile(r, 99)) for r in rounds[True]],
             "control_p99_ms_fifo_rounds": [float(np.percentile(r, 99)) for r in rounds[False]],
             "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk, "window": DEFAULT_WINDOW,
-            "waits_inside_mpi": any(waited),
+            "waits_inside_mpi": any(waited), "waits_inside_mpi_ranks": waited,
             "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; raw_same_buffers_gbps = the same into as many buffers as the relay's pool held "
                      "after a warm-up (raw_same_buffers), in turn, as the relay's pieces land "

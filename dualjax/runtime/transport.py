@@ -23,9 +23,11 @@
   flight; a local `send` wakes it at once.
 * Where MPI moves KV only inside its calls (MPICH's shared memory without single-copy CMA, which
   MPICH turns off under Yama's ptrace_scope >= 1), polling between pauses relayed 1/100 of a plain
-  `Send`. `STALLS_TO_WAIT` pieces in a row that each needed over `STALLED_POLLS` polls switch every
-  transport of the process to waiting inside MPI (`Waitsome`) while KV is in flight
-  (`MpiTransport.waits_inside_mpi`). Every control message and KV header is followed by an empty
+  `Send`. `STALLS_TO_WAIT` received pieces in a row that each needed over `STALLED_POLLS` polls
+  switch every transport of the process to waiting inside MPI (`Waitsome`) while KV is in flight
+  (`MpiTransport.waits_inside_mpi`), and tell the ranks that sent them to do the same (they need
+  it as much). Only receives are watched: a sent piece waits for its receiver to post it, so its
+  wait says nothing about how MPI moves bytes. Every control message and KV header is followed by an empty
   "bell" message, whose receive is always posted and in every wait, so a waiting rank still takes
   in its peers' messages (two ranks each waiting for the other to post the receives of its KV would
   otherwise wait forever); a local `send` rings the rank's own bell.
@@ -134,7 +136,7 @@ BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI c
 WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
 IDLE_MAX_S = 0.005  # longest pause between probes for incoming messages when nothing is in flight
 STALLED_POLLS = 32  # polls with KV in flight before a piece is done (~15 ms) that make the piece a stalled one
-STALLS_TO_WAIT = 3  # stalled pieces in a row that show MPI moves KV only inside its calls
+STALLS_TO_WAIT = 3  # stalled received pieces in a row that show MPI moves KV only inside its calls
 
 
 # MPICH settings for the ranks of this transport, where the environment leaves them unset: a thread
@@ -183,8 +185,8 @@ class MpiTransport(Transport):
         self._outstanding = 0  # KV messages handed to MPI whose pieces are not all sent
         self._bell = None  # the posted receive of a bell (posted by the progress thread)
         self._waiting = False  # the progress thread is (about to be) waiting inside MPI
-        self._stalled = 0  # polls with KV in flight since a piece was last done
-        self._stalls = 0  # pieces in a row done after more than STALLED_POLLS polls
+        self._stalled = 0  # polls with receives in flight since a piece was last received
+        self._stalls = 0  # received pieces in a row done after more than STALLED_POLLS polls
         self._bell_buf = bytearray(1)
         self._types: dict[tuple, object] = {}  # committed strided datatypes, by (rows, row bytes, stride)
         self._stop = threading.Event()
@@ -279,7 +281,7 @@ class MpiTransport(Transport):
                     self._wait_inside_mpi()
                     pause = BUSY_POLL_S
                     continue
-                self._stalled += in_flight
+                self._stalled += bool(self._recv_reqs)
                 # Nothing moved: back off (a rank spinning here takes the core its peer needs to read
                 # and copy), the longer the less is in flight; a local send wakes us at once.
                 pause = min(2 * pause, WAIT_MAX_S if in_flight or self._send_reqs else IDLE_MAX_S)
@@ -330,6 +332,9 @@ class MpiTransport(Transport):
             if tag == TAG_BELL:  # rung while our bell's receive was taken: its message is probed anyway
                 continue
             msg = pickle.loads(raw)
+            if isinstance(msg, _WaitInsideMpi):
+                self._wait_from_now(f"rank {src}, which receives our KV, found")
+                continue
             if tag == TAG_CTRL:
                 self._inbox.put((src, msg))
                 continue
@@ -375,19 +380,26 @@ class MpiTransport(Transport):
             del self._recv_reqs[i], self._recv_of[i]
         if done:
             self._post_receives()
-            self._piece_done()
+            self._piece_received()
         return bool(done)
 
-    def _piece_done(self) -> None:
-        """A KV piece was sent or received. A rank that polls between pauses waits inside MPI from
-        now on if this is the STALLS_TO_WAIT-th piece in a row that needed over STALLED_POLLS polls:
-        one such piece is a busy or late peer, several are MPI moving bytes only inside its calls."""
+    def _piece_received(self) -> None:
+        """A KV piece was received. A rank that polls between pauses waits inside MPI from now on if
+        this is the STALLS_TO_WAIT-th piece in a row that needed over STALLED_POLLS polls (one such
+        piece is a busy peer, several are MPI moving bytes only inside its calls), and so do the
+        ranks that send it KV: they are told."""
         self._stalls = self._stalls + 1 if self._stalled > STALLED_POLLS else 0
         self._stalled = 0
         if self._stalls >= STALLS_TO_WAIT and not MpiTransport.waits_inside_mpi:
+            self._wait_from_now("its receives found")
+            for src in self._assembly:
+                self._post(src, TAG_CTRL, _WaitInsideMpi())
+
+    def _wait_from_now(self, who: str) -> None:
+        if not MpiTransport.waits_inside_mpi:
             MpiTransport.waits_inside_mpi = True
-            log.info("rank %d: KV moves only while MPI is called here (no single-copy transfers): its progress "
-                     "thread waits inside MPI while KV is in flight", self.rank)
+            log.info("rank %d: %s that KV moves only while MPI is called (no single-copy transfers): its progress "
+                     "thread waits inside MPI while KV is in flight", self.rank, who)
 
     def _post(self, dst: int, tag: int, msg) -> None:
         """Send a pickled message, then ring `dst`'s bell (it may be waiting inside MPI)."""
@@ -480,8 +492,6 @@ class MpiTransport(Transport):
             with self._lock:
                 self._outstanding -= through
                 self._handed.notify_all()
-        if data:
-            self._piece_done()
         return bool(done)
 
 
@@ -498,6 +508,11 @@ def _byte_rows(kv: np.ndarray):
     if rows.strides[1] != rows.itemsize or rows.strides[0] < width:
         return None
     return rows.shape[0], width, rows.strides[0], rows.__array_interface__["data"][0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _WaitInsideMpi:
+    """From a rank that found its KV moving only inside MPI calls to the ranks sending it KV."""
 
 
 @dataclasses.dataclass(frozen=True)
