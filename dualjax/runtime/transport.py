@@ -135,7 +135,7 @@ KV_AHEAD = 2  # KV messages a sender has handed to MPI and not yet seen through
 BUSY_POLL_S = 0.00002  # progress thread's first pause when nothing moved (MPI copies inside its calls)
 WAIT_MAX_S = 0.0005  # longest pause while transfers are in flight but nothing moved (the peer is slow)
 IDLE_MAX_S = 0.005  # longest pause between probes for incoming messages when nothing is in flight
-STALLED_POLLS = 32  # polls with KV in flight before a piece is done (~15 ms) that make the piece a stalled one
+STALLED_POLLS = 32  # polls with receives posted before a piece is received (~15 ms) that make it a stalled one
 STALLS_TO_WAIT = 3  # stalled received pieces in a row that show MPI moves KV only inside its calls
 
 
