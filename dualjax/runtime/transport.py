@@ -181,8 +181,7 @@ class MpiTransport(Transport):
         self._recv_of: list = []
         self._send_reqs: list = []  # outstanding sends, and what each reads (kept alive until done)
         self._send_keep: list = []
-        self._data_in_flight = 0  # data sends not done
-        self._outstanding = 0  # KV messages handed to MPI whose pieces are not all sent
+        self._outstanding = 0  # KV messages handed to MPI, pieces not all sent (written by the progress thread only)
         self._bell = None  # the posted receive of a bell (posted by the progress thread)
         self._waiting = False  # the progress thread is (about to be) waiting inside MPI
         self._stalled = 0  # polls with receives in flight since a piece was last received
@@ -276,7 +275,7 @@ class MpiTransport(Transport):
                 if busy:
                     pause = BUSY_POLL_S
                     continue
-                in_flight = bool(self._recv_reqs or self._data_in_flight)
+                in_flight = bool(self._recv_reqs or self._outstanding)
                 if in_flight and MpiTransport.waits_inside_mpi:
                     self._wait_inside_mpi()
                     pause = BUSY_POLL_S
@@ -462,7 +461,6 @@ class MpiTransport(Transport):
         for spec, keep in pieces:  # (MPI buffer spec, the array it reads)
             self._send_reqs.append(self.comm.Isend(spec, dest=dst, tag=TAG_KV_DATA))
             self._send_keep.append((keep, left))
-        self._data_in_flight += len(pieces)
         if pieces:
             with self._lock:
                 self._outstanding += 1
@@ -479,15 +477,14 @@ class MpiTransport(Transport):
 
     def _sent(self, done: list[int]) -> bool:
         """Account for completed sends (indices into `_send_reqs`)."""
-        data = [i for i in done if isinstance(self._send_keep[i], tuple)]
         through = 0  # KV messages whose last piece this was
-        for i in data:
-            left = self._send_keep[i][1]
-            left[0] -= 1
-            through += left[0] == 0
+        for i in done:
+            if isinstance(self._send_keep[i], tuple):  # a data piece: (the array it reads, pieces left)
+                left = self._send_keep[i][1]
+                left[0] -= 1
+                through += left[0] == 0
         for i in sorted(done, reverse=True):
             del self._send_reqs[i], self._send_keep[i]
-        self._data_in_flight -= len(data)
         if through:
             with self._lock:
                 self._outstanding -= through
