@@ -73,7 +73,7 @@ PRESETS: dict[str, WorkloadSpec] = {
     "agentic-e2e": WorkloadSpec("agentic-e2e", agents=10, turns=5, first_append=1024, append=64, gen=8,
                                 slo_ttft_s=8.0, slo_tpot_s=0.5),
     # The paper's datasets (docs/paper.md §9 Table 2), fitted so that the kept turns reproduce the table's
-    # append, gen, total and request-weighted mean context (within 5%, tests/dualjax/test_workload.py)
+    # append, gen, total and request-weighted mean context (within 5%, tests/dualjax/core/test_workload.py)
     # and no trajectory exceeds MaxLen. The table's turn count (157 at 64K) cannot hold with its totals
     # (157 x (429 + 176) = 95k > 64K): we read it as the trajectories' length *before* truncation at
     # MaxLen. Each agent draws an untruncated turn count around it (turn_spread), a long first round

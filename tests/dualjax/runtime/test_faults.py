@@ -30,7 +30,7 @@ BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agent
 ARGV = ["--model", "tiny", "--workload", "agentic-tiny", "--agents", "2", "--turns", "3", "--policy", "dualpath",
         "--quiet"]
 MATRIX: list[tuple[str, bool, dict]] = []
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module", autouse=True)

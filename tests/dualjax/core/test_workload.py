@@ -21,7 +21,7 @@ from dualjax.core.workload import (
 )
 from kvstore import BlockLayout, block_chain
 
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "mooncake",
+TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "mooncake",
                      "arxiv_mooncake_trace_first1000.jsonl")
 
 

@@ -17,8 +17,8 @@ from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CUSTOM = "tests.dualjax.custom_policy:LongPrefixToDE"  # a user's policy class, imported on every rank
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+CUSTOM = "tests.dualjax.core.custom_policy:LongPrefixToDE"  # a user's policy class, imported on every rank
 
 
 def _run(tmp_path, name, **changes):
@@ -133,7 +133,7 @@ def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
     """Priority lanes: control overtakes the KV, bulk stays in order. One FIFO lane (the relay
     benchmark's baseline) sends in submission order; a receiver delivers control as it comes and
     bulk once complete, so there only the bulk order is fixed."""
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_lanes.py"],
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_lanes.py"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     priority, fifo = proc.stdout.split()

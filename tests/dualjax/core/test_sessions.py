@@ -19,7 +19,7 @@ from dualjax.runtime.launch import run_embedded
 from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
 
-TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "agentic-coding")
+TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "agentic-coding")
 SMALL = ("trace_0536.json.gz", "trace_0222.json.gz")  # 4 and 8 requests, contexts up to 113k and 162k tokens
 
 

@@ -20,7 +20,7 @@ from dualjax.runtime.messages import LayerKV, Ready
 from dualjax.runtime.store import layout_for
 from dualjax.runtime.transport import InProcFabric
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_pool_reuses_a_buffer_only_after_every_view_is_gone():
@@ -145,14 +145,14 @@ def test_mpi_transport_delivers_every_array_bit_exact(mode):
     it, a rank may rightly find its received pieces stalled)."""
     if mode == "late" and not _cma():
         pytest.skip("MPICH has no single-copy transfers here: pieces may stall")
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_transport.py",
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_transport.py",
                            mode], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"
 
 
 def test_mpi_transport_takes_a_message_in_when_a_sleeping_rank_wakes():
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/mpi_idle_wakeup.py"],
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_idle_wakeup.py"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"
