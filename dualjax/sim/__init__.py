@@ -86,7 +86,7 @@ def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None
     name = get_policy(policy or cfg.policy).name
     extra = {"simulated": True, "hardware": dataclasses.asdict(sim.hw), "events": sim.events_done,
              "wall_s": sim.wall_s, "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None,
-             "prefill": sim.pe_summary(), "utilisation": sim.link_summary()}
+             "prefill": sim.pe_summary(), "utilisation": sim.link_summary(), "sim": sim.sim_summary()}
     if sim.trace is not None:
         extra.update(hit_summary(sim.trace.prompt, sim.trace.hit, cfg.block_tokens),
                      trace_requests_dropped=sim.trace.dropped)

@@ -121,6 +121,15 @@ class Buffer:
     def __init__(self, name: str, budget: float):
         self.name, self.budget, self.used, self.peak, self.waiting = name, budget, 0.0, 0.0, deque()
 
+    @property
+    def free(self) -> float:
+        return self.budget - self.used
+
+    def take(self, nbytes: float) -> None:
+        """Take `nbytes` that the caller has checked fit (no wait)."""
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+
     def reserve(self, nbytes: float, then) -> None:
         if nbytes > self.budget:
             raise SimError(f"a request needs {nbytes / 1e9:.2f} GB of {self.name} buffer, more than its "
@@ -253,6 +262,23 @@ class Costs:
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
         """A step: compute overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
         return max(self.decode_compute_s(batch, context), ep_s) + self.hw.decode_step_overhead_s
+
+    def ep_latency_s(self, ep_gpus: int) -> float:
+        """The least a decode step's expert-parallel all-to-all takes over `ep_gpus` GPUs: one dispatch and one
+        combine per MoE layer at the latency of the profile's low-latency kernels (`Hardware.ep_latency_us`,
+        linear in log2 of the EP size between its points, the nearest point outside them). The two
+        micro-batches' all-to-alls overlap each other's compute, so a step waits for one of each per layer."""
+        table = self.hw.ep_latency_us
+        if not table or ep_gpus <= 1 or not self.model.moe_layers:
+            return 0.0
+        x = math.log2(ep_gpus)
+        pts = sorted((math.log2(ep), d + c) for ep, d, c in table)
+        if x <= pts[0][0] or x >= pts[-1][0]:
+            us = pts[0][1] if x <= pts[0][0] else pts[-1][1]
+        else:
+            (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= x <= b[0])
+            us = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return self.model.moe_layers * us * 1e-6
 
     def _kv_hbm(self, ep: int) -> float:
         return self.hw.hbm_bytes - self.model.weights_per_gpu(ep) - self.hw.hbm_reserve_bytes
