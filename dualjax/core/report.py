@@ -40,7 +40,7 @@ def normalise(records: list[dict]) -> list[dict]:
                 r[k] = r[k] - t0
         tt = [t - t0 for t in r.pop("token_times", [])]
         r["ttft"] = r["first_token"] - r["arrival"]
-        r["ttst"] = tt[1] - r["arrival"] if len(tt) > 1 else None
+        r["ttst"] = tt[1] - tt[0] if len(tt) > 1 else None  # time to second token: from the first
         r["tpot"] = (tt[-1] - tt[0]) / (len(tt) - 1) if len(tt) > 1 else None
         out.append(r)
     return out
