@@ -9,6 +9,8 @@
     dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
     dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
     dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
+    dualjax sim paper --json FILE [--no-large]  the paper's evaluation simulated: JSON, markdown table, figure
+    dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
     dualjax calibrate                           measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return ablation_main(argv[2:])
     if argv[:2] == ["sim", "validate"]:
         return _own_parser(argv[:2], "dualjax.cli.validate", argv[2:])
+    if argv[:2] in (["sim", "paper"], ["sim", "fit"]):  # the paper's evaluation; the fit of paper-h800
+        return _own_parser(argv[:2], f"dualjax.cli.{argv[1]}", argv[2:])
     if argv[:1] == ["bench"]:
         if len(argv) < 2 or argv[1] not in BENCHES:
             print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
