@@ -101,6 +101,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.next_turn = [0] * len(append)
         self.next_id = 0
         self.events: list = []
+        self.seeded, self.wall_s = False, 0.0  # `run`: the agents' starts queued; its wall time so far
         self.seq = 0
         self.now = 0.0
         self.events_done = 0
@@ -173,10 +174,15 @@ class Simulation(PrefillSide, DecodeSide):
         heapq.heappush(self.events, (t, self.seq, fn, args))
 
     def run(self, until: float | None = None) -> "Simulation":
-        """Simulate every request, or (`until`) up to that simulated time, leaving later ones unfinished."""
+        """Simulate every request, or (`until`) up to that simulated time, leaving later ones unfinished;
+        a later call goes on from there."""
         t_wall = time.perf_counter()
-        for a, t in enumerate(self.starts):
-            self.at(float(t), self._submit, a)
+        if not self.seeded:
+            for a, t in enumerate(self.starts):
+                self.at(float(t), self._submit, a)
+            self.seeded = True
+        else:  # back to lists while running (`__init__`)
+            self.cols = {k: v.tolist() for k, v in self.cols.items()}
         done = 0
         with tqdm(total=self.n_requests, desc=f"sim {self.cfg.cluster.name} {self.policy.name}", unit="req",
                   disable=not self.progress, leave=False, mininterval=1.0) as bar:
@@ -196,7 +202,7 @@ class Simulation(PrefillSide, DecodeSide):
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")
         self.cols = {k: np.array(v, np.float64 if k in FLOAT_COLUMNS else np.int64) for k, v in self.cols.items()}
-        self.wall_s = time.perf_counter() - t_wall
+        self.wall_s += time.perf_counter() - t_wall
         return self
 
     # -- arrivals and placement --------------------------------------------------------------------

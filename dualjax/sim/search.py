@@ -19,8 +19,10 @@ from models.buckets import DEFAULT_BUCKETS
 WINDOW_S = 150.0  # docs/paper.md §10: online runs stop once TTFT over a 150-s window ...
 LOOKBACK_S = 1800.0  # ... is within 5 % of its value 30 minutes earlier
 TOLERANCE = 0.05
-WINDOWS = 8  # windows of arrivals after the first one checked, before a trial counts as never stationary
-DRAIN_S = 600.0  # simulated past the last window, so that its requests have their tokens
+WINDOWS = 24  # windows checked after the first (an hour) before a trial counts as never stationary: the
+# ramp-up under load lasts a loaded agent lifetime, longer than the idle one, and the window 30 minutes
+# earlier must be past it too
+DRAIN_S = 600.0  # simulated past a window before it is checked, so that its requests have their tokens
 
 
 def agent_lifetime(cfg: SimConfig, policy=None, hardware=None, agents: int = 8) -> float:
@@ -54,18 +56,21 @@ def stationary_window(arrival: np.ndarray, ttft: np.ndarray, first: float, last:
 
 
 def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardware=None) -> dict:
-    """One online run at `aps` agents/s scored at the paper's steady state (`stationary_window`): windows
-    are checked from the later of 30 minutes + one window and one agent lifetime on, for `WINDOWS` more
-    windows of arrivals. Returns the window (None: never stationary, so not within SLO), SLO attainment
-    over its requests (a request without a first token misses it) and their TTFT / TTST / TPOT."""
+    """One online run at `aps` agents/s, stopped at the paper's steady state (`stationary_window`): from the
+    later of 30 minutes + one window and one idle agent lifetime on, each window is checked once simulated
+    `DRAIN_S` past it, for up to `WINDOWS` more windows. Returns the window (None: never stationary, so not
+    within SLO), SLO attainment over its requests (one without a first token misses it) and their TTFT /
+    TTST / TPOT."""
     first = WINDOW_S * math.ceil(max(LOOKBACK_S + WINDOW_S, lifetime) / WINDOW_S)
     horizon = first + WINDOWS * WINDOW_S
     agents = int(math.ceil(aps * horizon * 1.1)) + 16  # Poisson arrivals past the horizon
     sim = build(dataclasses.replace(cfg, aps=aps, agents=agents), policy, hardware, progress=False)
-    sim.run(until=horizon + DRAIN_S)
-    c = sim.columns()
-    window = stationary_window(c["arrival"], c["ttft"], first, horizon)
-    out = {"aps": aps, "agents": agents, "window_s": window, "stationary": window is not None,
+    window, end = None, first
+    while window is None and end <= horizon:
+        c = sim.run(until=end + DRAIN_S).columns()
+        window = stationary_window(c["arrival"], c["ttft"], end, end)
+        end += WINDOW_S
+    out = {"aps": aps, "agents": agents, "window_s": window, "stationary": window is not None, "checked_to_s": end,
            "requests": 0, "attained": 0.0}
     if window is None:
         return out

@@ -237,6 +237,16 @@ def test_the_steady_state_is_the_paper_s_stationarity_rule():
     assert stationary_window(arrival, unfinished, 1950.0, 6000.0) is None
 
 
+def test_a_run_stopped_and_resumed_ends_as_one_run():
+    cfg = SimConfig(ClusterSpec(2, 2), workload="paper-32k", agents=64, turns=4, aps=0.5, policy="basic")
+    whole = build(cfg, progress=False).run().columns()
+    parts = build(cfg, progress=False)
+    for until in (30.0, 60.0, None):
+        parts.run(until)
+    for k, v in parts.columns().items():
+        assert np.array_equal(v, whole[k], equal_nan=True) if v.dtype.kind == "f" else np.array_equal(v, whole[k]), k
+
+
 def test_online_capacity_search_scores_the_steady_state():
     from dualjax.sim.search import LOOKBACK_S, WINDOW_S, find_capacity
     cfg = SimConfig(ClusterSpec(2, 2), workload="paper-32k", turns=4, snic_mbps=300)
