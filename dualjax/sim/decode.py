@@ -6,9 +6,9 @@ DE's expert-parallel share, the batch's KV and indexer keys) overlapped with its
 which takes the longer of its bytes over the DE's compute NIC (model traffic: high priority;
 without priority it shares the line with KV transfers queued there) and the latency floor of the
 low-latency kernels (per MoE layer a dispatch and a combine, `Costs.ep_latency_s`), plus a fixed
-per-step overhead. Before decoding, the prompt's KV
-moves from the DE buffer into the DE's HBM (a loopback over its compute NIC: the second DE DRAM
-read of docs/paper.md §8). Full blocks are written back (counted, not queued).
+per-step overhead. Before decoding, the prompt's KV moves from the DE buffer into the DE's HBM (a
+loopback over its compute NIC: the second DE DRAM read of docs/paper.md §8). Full blocks are
+written back (counted, not queued).
 """
 
 from __future__ import annotations

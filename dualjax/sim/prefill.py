@@ -155,11 +155,9 @@ class PrefillSide:
     def _need(self, pe: PrefillEngine, first: Row, host: bool):
         """The memory a Basic row new to it takes, bytes (0 once it holds it); a row larger than the whole
         budget is an error, not a wait."""
-        budget = pe.hbm.budget if not host else min(pe.hbm.budget, pe.node.buffer.budget)
-        if not first.held and self._prompt_bytes(first) > budget:
-            where = "device memory" if not host or pe.hbm.budget < pe.node.buffer.budget else "PE buffer"
-            raise SimError(f"a request needs {self._prompt_bytes(first) / 1e9:.2f} GB of {where} for its prompt's KV, "
-                           f"more than PE {pe.rank}'s {budget / 1e9:.2f} GB")
+        if not first.held and self._prompt_bytes(first) > pe.hbm.budget:
+            raise SimError(f"a request needs {self._prompt_bytes(first) / 1e9:.2f} GB of device memory for its "
+                           f"prompt's KV, more than PE {pe.rank}'s {pe.hbm.budget / 1e9:.2f} GB")
         if host:  # the hit KV read by the PE waits in its buffer; the DE path's waits in the DE buffer
             return lambda w: 0.0 if w.held or w.path == "de" else w.cached * self.kvb
         return lambda w: 0.0 if w.held else self._prompt_bytes(w)
