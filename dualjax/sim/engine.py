@@ -313,7 +313,7 @@ class Simulation(PrefillSide, DecodeSide):
                 "hbm_budget_gb": min(e.hbm.budget for e in pes) / 1e9,
                 "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
                 "load_wait_s": {"mean": float(wait.mean()) if wait.size else None,
-                               "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+                                "p99": float(np.percentile(wait, 99)) if wait.size else None}}
 
     def sim_summary(self) -> dict:
         """Per role: the buffers' peak over the run against their budget (GB, the busiest node's), and the

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from collections import deque
 
+import numpy as np
+
 from dualjax.core.batching import AttentionFit
 from dualjax.sim.profiles import Hardware, ModelCost
 from models.buckets import DEFAULT_BUCKETS
@@ -271,14 +273,8 @@ class Costs:
         table = self.hw.ep_latency_us
         if not table or ep_gpus <= 1 or not self.model.moe_layers:
             return 0.0
-        x = math.log2(ep_gpus)
         pts = sorted((math.log2(ep), d + c) for ep, d, c in table)
-        if x <= pts[0][0] or x >= pts[-1][0]:
-            us = pts[0][1] if x <= pts[0][0] else pts[-1][1]
-        else:
-            (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= x <= b[0])
-            us = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-        return self.model.moe_layers * us * 1e-6
+        return self.model.moe_layers * float(np.interp(math.log2(ep_gpus), *zip(*pts))) * 1e-6
 
     def _kv_hbm(self, ep: int) -> float:
         return self.hw.hbm_bytes - self.model.weights_per_gpu(ep) - self.hw.hbm_reserve_bytes
