@@ -1,5 +1,5 @@
 """The paper's ablation in one run: Basic, + layerwise prefill, + dual-path loading (naive scheduling),
-+ scheduling, and Oracle beside them (docs/paper.md §9, §10), on one cluster and workload.
++ scheduling, and Oracle beside them (docs/paper.md §10, §11), on one cluster and workload.
 
 Steps (name: policy, layerwise, scheduler, hardware):
 

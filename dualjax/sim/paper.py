@@ -27,8 +27,8 @@ from dualjax.sim.ablation import step_report, summary
 from dualjax.sim.profiles import Hardware, read_fit
 from dualjax.sim.search import find_capacity, steady_state
 
-# The paper's figures a report sets beside its own (docs/paper.md §9, §10; ../the reading of
-# the ablation figure). `fitted`: the ones `dualjax sim fit` matched; every other is a prediction.
+# The paper's figures a report sets beside its own (docs/paper.md §11, §12; the JCTs: a reading of
+# its ablation figure). `fitted`: the ones `dualjax sim fit` matched; every other is a prediction.
 PAPER = {"ablation_2048": {"layerwise": 8750.0, "dualpath": 5450.0}, "fitted": ["ablation_2048", "fig3"],
          "fig3": {"5": 2.55, "10": 2.95}, "dualpath_over_basic_max": 1.87, "dualpath_within_oracle": 0.10,
          "capacity_ratio": [1.67, 2.25], "slo": {"ttft_s": 4.0, "tpot_s": 0.050}}

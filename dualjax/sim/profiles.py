@@ -4,7 +4,7 @@ Hardware (`Hardware`): g engines (GPUs) per node, each node's storage NIC, each 
 (KV gets what model traffic leaves), host DRAM bandwidth, PE/DE buffer budgets, device memory
 and decode limits. Profiles:
 
-* `paper-h800`: the paper's testbed (docs/paper.md §2, §10): 8 GPUs per node, 400 Gbps CNIC per GPU,
+* `paper-h800`: the paper's testbed (docs/paper.md §2, §12): 8 GPUs per node, 400 Gbps CNIC per GPU,
   one 400 Gbps storage NIC and 80 GB PE/DE buffers per node; compute from model FLOPs at a fraction of
   H800 peak. Three inputs are fitted by `dualjax sim fit` (`PAPER_FIT`); docs/simulator.md lists all.
 * `oracle`: the same GPUs with free storage and transfers (the paper's upper bound).
@@ -104,7 +104,7 @@ class Hardware:
     gpus_per_node: int
     snic_bytes_per_s: float  # per node (all its storage NICs)
     cnic_bytes_per_s: float  # per GPU
-    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (docs/paper.md §5: low priority)
+    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (docs/paper.md §6: low priority)
     dram_bytes_per_s: float  # per node
     pe_buffer_bytes: float  # per node
     de_buffer_bytes: float
@@ -128,7 +128,7 @@ class Hardware:
     # (EP GPUs, dispatch us, combine us) of the low-latency all-to-all kernels a decode step uses: the
     # latency floor of its expert-parallel communication (`Costs.ep_latency_s`); empty: none
     ep_latency_us: tuple[tuple[int, float, float], ...] = ()
-    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (docs/paper.md §5)
+    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (docs/paper.md §6)
     # Buffer -> GPU copies go through the compute NIC (a loopback, docs/paper.md §8); False: the embedded runtime,
     # where a host's model reads its buffer in place (`local`).
     loopbacks: bool = False

@@ -80,7 +80,7 @@ class Lane:
     """One direction of a compute NIC (tx: out of memory, rx: into memory; a loopback uses both).
 
     Model traffic (EP dispatch/combine) is a utilisation the owning engine sets for the duration
-    of a pass or a decode step. With priority (docs/paper.md §5) a KV transfer gets the rest of the line,
+    of a pass or a decode step. With priority (docs/paper.md §6) a KV transfer gets the rest of the line,
     at least `1 - share` of it (model traffic gets `share` under contention); without, model and
     KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
     force when it is queued (a fluid approximation: later changes of the model load do not

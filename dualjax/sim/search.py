@@ -16,7 +16,7 @@ from dualjax.sim.profiles import Hardware
 from dualjax.sim.resources import Costs, SimError
 from models.buckets import DEFAULT_BUCKETS
 
-WINDOW_S = 150.0  # docs/paper.md §10: online runs stop once TTFT over a 150-s window ...
+WINDOW_S = 150.0  # docs/paper.md §9, §12: online runs stop once TTFT over a 150-s window ...
 LOOKBACK_S = 1800.0  # ... is within 5 % of its value 30 minutes earlier
 TOLERANCE = 0.05
 WINDOWS = 24  # windows checked after the first (an hour) before a trial counts as never stationary: the
@@ -43,7 +43,7 @@ def window_ttft(arrival: np.ndarray, ttft: np.ndarray, end: float) -> float:
 
 
 def stationary_window(arrival: np.ndarray, ttft: np.ndarray, first: float, last: float) -> list[float] | None:
-    """The paper's steady state (docs/paper.md §10): the first 150-s window of arrivals, ending from `first`
+    """The paper's steady state (docs/paper.md §9): the first 150-s window of arrivals, ending from `first`
     to `last` on multiples of 150 s, whose mean TTFT is within 5 % of the window's 30 minutes earlier;
     None if there is none (the load never settles: TTFT keeps growing)."""
     end = first
@@ -86,7 +86,7 @@ def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.
                   policy=None, log=print, hardware=None) -> dict:
     """The highest APS (Poisson agent arrivals per second) at which the run reaches the paper's steady state
     and at least `attainment` of that window's requests meet the workload's SLO (TTFT and TPOT,
-    docs/paper.md §6): doubling/halving to bracket it, then `steps` bisections (`steady_state` each).
+    docs/paper.md §9): doubling/halving to bracket it, then `steps` bisections (`steady_state` each).
     Returns {"capacity_aps", "window_s" (the window scored at the capacity), "lifetime_s", "attainment",
     "trials": [...], "bracketed"}."""
     trials = []
