@@ -276,6 +276,15 @@ def test_sim_cli_json_and_report(tmp_path, capsys):
     assert "paper-h800" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [(["--basic-lands", "disk"], "basic_lands must be 'hbm' or 'host'"),
+                                           (["--basic-ahead", "-1"], "basic_ahead must be >= 0"),
+                                           (["--layerwise-layers", "3"], "layerwise_layers must be 1 or 2")])
+def test_bad_loading_settings_are_one_line(tmp_path, capsys, argv, message):
+    assert main(["sim", *argv, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
 def test_plan_sweep_recommends_a_split_inside_the_window(tmp_path, capsys):
     js = tmp_path / "plan.json"
     assert main(["plan", "--sweep", "--nodes", "5", "--workload", "paper-32k", "--agents", "24", "--turns", "4",
