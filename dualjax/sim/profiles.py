@@ -172,7 +172,7 @@ DEEPEP_LOW_LATENCY_US = ((8, 77.0, 114.0), (16, 118.0, 195.0), (32, 155.0, 273.0
                          (128, 192.0, 369.0), (256, 194.0, 360.0))
 
 # The physical and stated inputs of `paper-h800`; the three inputs `FITTED` names come from
-# `dualjax sim fit` (`PAPER_FIT`), the values here are where that fit starts.
+# `dualjax sim fit` (`PAPER_FIT`); the values here are where a first fit starts.
 PAPER_H800_BASE = Hardware(
     "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
     dram_bytes_per_s=500 * GB, pe_buffer_bytes=80 * GB, de_buffer_bytes=80 * GB, hbm_bytes=80 * GB,
@@ -181,9 +181,9 @@ PAPER_H800_BASE = Hardware(
     ep_latency_us=DEEPEP_LOW_LATENCY_US,
     notes="docs/simulator.md lists every input with its status and source. Stated: 8 GPUs and one 400 Gbps "
           "storage NIC per node, a 400 Gbps compute NIC per GPU, 80 GB PE/DE buffers per node, 99 % of a "
-          "compute NIC to model traffic, 500 GB/s host DRAM. Physical: H800 (80 GB HBM at 3.35 TB/s, 989 TF "
-          "dense BF16), DeepEP's low-latency all-to-all latencies. Fitted (`dualjax sim fit`): storage "
-          "efficiency, prefill efficiency, prefill_half_tokens. Assumed: 10 GB of HBM per GPU for "
+          "compute NIC to model traffic. Physical: H800 (80 GB HBM at 3.35 TB/s, 989 TF dense BF16), "
+          "DeepEP's low-latency all-to-all latencies. Fitted (`dualjax sim fit`): storage efficiency, prefill "
+          "efficiency, prefill_half_tokens. Assumed: 500 GB/s host DRAM, 10 GB of HBM per GPU for "
           "activations, expert-parallel groups of up to 32 GPUs, 5 ms of overhead per decode step.")
 
 FITTED = ("snic_efficiency", "efficiency", "prefill_half_tokens")
