@@ -96,8 +96,9 @@ class PrefillHost(Host):
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
         room = cfg.pe_buffer_mb * 2**20
-        self.layerwise = layerwise_for(get_policy(cfg.policy), cfg.layerwise)
-        if cfg.pe_hbm_mb is not None and not self.layerwise and cfg.basic_lands == "hbm":
+        # resolved only with a budget: a custom policy object run in-process is known here by name alone
+        if cfg.pe_hbm_mb is not None and cfg.basic_lands == "hbm" and not layerwise_for(get_policy(cfg.policy),
+                                                                                          cfg.layerwise):
             room = min(room, cfg.pe_hbm_mb * 1e6)  # Basic loads into device memory: the budget bounds its batches
         self.buffer = HostBuffer("PE", int(room))
         self.buffer.check_fits(self.layout.block_bytes)
@@ -190,7 +191,7 @@ class PrefillHost(Host):
     def _next_pass(self, rows: list[_Row], batches: deque) -> list:
         """[(row, tokens)] of the next pass, or [] when none is ready. Basic: the oldest batch once every row
         is loaded. Layerwise: the ready rows packed, then cut to device memory (`layerwise_layers` layers)."""
-        if not self.layerwise:
+        if rows and not rows[0].a.layerwise:  # every Assign carries the run's one layerwise switch
             self._form(rows, batches)
             return batches[0] if batches and all(r.loaded() for r, _ in batches[0]) else []
         ready = self._ready(rows)
@@ -219,7 +220,7 @@ class PrefillHost(Host):
             if not plan:
                 time.sleep(0.002)
                 continue
-            if not self.layerwise:  # computed now (or, on a restart, formed again)
+            if not plan[0][0].a.layerwise:  # Basic's batch: computed now (or, on a restart, formed again)
                 batches.popleft()
                 for r, _ in plan:
                     r.batched = False
