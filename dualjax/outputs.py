@@ -135,8 +135,10 @@ def read_table(path: str, columns: list[str] | None = None) -> dict[str, np.ndar
         typ = REQUEST_COLUMNS.get(k, ("",))[0]
         if typ == "ids":
             out[k] = _lists_to_numpy(col.combine_chunks())
-        elif typ == "str":
-            out[k] = np.asarray(col.cast("string").to_numpy(zero_copy_only=False), dtype=str)
+        elif typ == "str":  # dictionary-encoded: its few values indexed, not a Python string per row
+            d = col.combine_chunks()
+            out[k] = np.asarray(d.dictionary.to_pylist(), dtype=str)[d.indices.to_numpy()] if len(d) else \
+                np.zeros(0, dtype=str)
         else:
             out[k] = col.to_numpy()
     return out

@@ -43,7 +43,7 @@ def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, 
     assert tokens == reference
     assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
     if policy == "de-only":
-        assert report["relay_bytes"] > 0 and set(report["paths"]) == {"de"}
+        assert report["relay_bytes"] > 0 and report["paths"] == {"pe": 0, "de": report["requests"], "none": 0}
     if policy in ("pe-only", "basic"):
         assert report["relay_bytes"] == 0
 
@@ -127,7 +127,7 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
                           timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.load(open(out / "report.json"))
-    assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+    assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
     assert tokens_of(str(out)) == reference
 
 
