@@ -83,10 +83,10 @@ def plot_compare(path: str, runs: list[dict]) -> None:
         t, ratio = r["balance"]
         c.plot(t / max(r["jct_s"], 1e-9), ratio, label=name)
     b.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="TTFT CDF")
-    b.legend(fontsize=7)
+    b.legend(fontsize=7, loc="lower right")
     c.axhline(1.0, color="gray", lw=0.8)
     c.set(xlabel="time / JCT", ylabel="max / avg of the storage NICs' bytes", title="storage-NIC balance over time")
-    c.legend(fontsize=7)
+    c.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
