@@ -12,6 +12,7 @@ runs a checkpoint directory (Hugging Face or Orbax) with its own weights.
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import jax
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, show_progress, timeit
+from dualjax.bench.common import bench_args, emit, machine, matmul_flops_per_s, show_progress, timeit
 from models import mla
 from models.config import ModelConfig
 from models.costs import decode_bytes_per_step
@@ -70,10 +71,12 @@ def attention_report(cfg) -> dict:
     return {"prefill": mla.attention_implementation(cfg), "decode": "einsum (absorbed MLA)"}
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "model")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("model", __doc__, add_arguments, argv, args)
     show_progress()
     source = models.resolve_model(args.model, seed=0)
     cfg, params = source.config, source.load_params()

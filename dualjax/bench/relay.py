@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from dualjax.bench.common import emit, parser
+from dualjax.bench.common import bench_args, emit
 from dualjax.core.config import number
 
 
@@ -193,11 +193,13 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             json.dump(result, f)
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "relay")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-kib", type=number(kind=int), default=None, help="KV chunk size (default: the transport's)")
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("relay", __doc__, add_arguments, argv, args)
     if args.under_mpi:
         from dualjax.runtime.transport import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)

@@ -15,6 +15,7 @@ import shutil
 import time
 
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.outputs import load_run
 from dualjax.runtime.launch import launch_mpi, run_embedded
 
 # (name, cluster, policy, layerwise, launcher)
@@ -34,8 +35,9 @@ QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embe
 
 
 def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
-    with open(os.path.join(out_dir, "requests.jsonl")) as f:
-        return {(r["agent"], r["turn"]): r["generated"] for r in map(json.loads, f)}
+    """Each request's generated token ids in a real run's outputs, by (agent, turn)."""
+    t = load_run(out_dir, ["agent", "turn", "generated"]).requests
+    return {(int(a), int(k)): g.tolist() for a, k, g in zip(t["agent"], t["turn"], t["generated"])}
 
 
 def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bool, launcher: str, out: str):

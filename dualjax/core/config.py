@@ -251,7 +251,8 @@ class RunConfig(Settings):
     store: str | None = setting(None, "store directory (default: OUT/store)")
     store_gb: float | None = setting(None, "KV store byte budget in GB, LRU-evicted (default: the store filesystem's "
                                      "free space less a margin)")
-    out: str = setting("runs/latest", "output directory for requests.jsonl and report.json")
+    out: str = setting("runs/latest", "output directory: requests.parquet, report.json, plots (docs/report.md) "
+                       "and the store unless --store")
     hash_seed: int = setting(0, "block hash seed", cli=False)
     param_seed: int = setting(0, "random-weight seed", cli=False)
     inject_failure: int | None = setting(None, "test hook: this rank raises on its first request", hidden=True)
@@ -271,8 +272,8 @@ class SimConfig(Settings):
 
     cluster: ClusterSpec = setting(None, "PpDd in nodes", parse=str, factory=lambda: ClusterSpec(2, 4))
     model: str = setting("deepseek-v3.2", "deepseek-v3.2 or a model preset")
-    workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl or "
-                            "sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
+    workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl, "
+                            "mooncake:PATH[:LIMIT[:LENGTH_SCALE]] or sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
     hardware: str = setting("paper-h800", "paper-h800, oracle, local (from `dualjax calibrate`) or a profile JSON "
                             "file")
     window_s: float = setting(1.0, "storage-NIC balance and bandwidth plot window, s", cli=False)

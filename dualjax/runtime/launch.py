@@ -2,7 +2,7 @@
 
 `run_embedded(cfg)` runs all hosts as threads over the in-process transport, with the same
 classes and messages as a real run; `run_rank(transport, cfg)` is what each MPI rank runs
-(`launch/main.py`). Both write `requests.jsonl` and `report.json` on rank 0.
+(`launch/main.py`). Both write the run's outputs (`dualjax.outputs`, docs/report.md) on rank 0.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import time
 
 from dualjax.core.config import ConfigError, RunConfig
 from dualjax.core.policies import Policy, get_policy
-from dualjax.core.workload import load_workload, slo_for, trace_hits
-from dualjax.outputs import unwritable_dir, write_run
+from dualjax.core.report import build_report
+from dualjax.core.workload import load_workload, slo_for, workload_report
+from dualjax.outputs import real_columns, unwritable_dir, write_run
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
 from dualjax.runtime.prefill_host import PrefillHost
@@ -51,10 +52,13 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     startup = startup_report(wait_warm(transport, cfg.cluster.size - 1), time.perf_counter() - t_start)
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
-    records, hosts = driver.run()
-    return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload),
-                     {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model),
-                      "startup": startup, **trace_hits(agents, cfg.block_tokens)})
+    cols, hosts = real_columns(*driver.run())
+    workload = workload_report(cfg.workload, cfg.agents, cfg.workload_seed, model_cfg.max_seq_len, cfg.block_tokens)
+    own = {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model),
+           "startup": startup}
+    report = build_report("real", cols, hosts, cfg, policy.name, slo_for(cfg.workload), workload, own)
+    write_run(cfg.out, cols, report)
+    return report
 
 
 def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:

@@ -73,7 +73,7 @@ def test_a_second_checkpoint_of_the_same_shape_is_refused_by_the_first_ones_stor
     err = capsys.readouterr().err
     assert rc == 2
     assert ids[0] in err and ids[1] in err and tuned in err  # both identities, and this run's path
-    assert not os.path.exists(os.path.join(out, "requests.jsonl"))  # nothing was served
+    assert not os.path.exists(os.path.join(out, "requests.parquet"))  # nothing was served
 
 
 def test_a_store_of_another_cache_format_or_seed_is_refused_naming_both(tmp_path):

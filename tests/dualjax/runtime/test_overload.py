@@ -2,12 +2,12 @@
 Nothing crashes, every request completes, each host's buffer peak stays within its budget, and SLO
 attainment falls against the same cluster at half its capacity."""
 
-import json
 
 import numpy as np
 import pytest
 
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.outputs import load_run
 from dualjax.runtime.launch import run_embedded
 
 # tiny blocks are 32 KiB: budgets of a few requests' KV, so admission control has to hold requests back
@@ -37,14 +37,15 @@ def capacity(tmp_path_factory):
     _run(d, "warmup", agents=4)
     offline = 32 / _run(d, "offline", agents=32)["jct_s"]
     _run(d, "saturated", agents=64, aps=4 * offline)
-    return _finish_rate(d / "saturated" / "requests.jsonl")
+    return _finish_rate(d / "saturated")
 
 
-def _finish_rate(path) -> float:
+def _finish_rate(run_dir) -> float:
     """Agents finished per second (their last turn done) between the 10th and the 90th percentile finish."""
     done: dict[int, float] = {}
-    for r in map(json.loads, open(path)):
-        done[r["agent"]] = max(done.get(r["agent"], 0.0), r["done"])
+    t = load_run(str(run_dir), ["agent", "done"]).requests
+    for agent, end in zip(t["agent"].tolist(), t["done"].tolist()):
+        done[agent] = max(done.get(agent, 0.0), end)
     t = np.sort(list(done.values()))
     lo, hi = int(0.1 * len(t)), int(0.9 * len(t))
     return (hi - lo) / (t[hi] - t[lo])

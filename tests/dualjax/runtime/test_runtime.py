@@ -13,6 +13,8 @@ import pytest
 from dualjax.cli import main as cli
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.core.report import REQUEST_COLUMNS
+from dualjax.outputs import load_run
 from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
 
@@ -41,7 +43,7 @@ def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, 
     assert tokens == reference
     assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
     if policy == "de-only":
-        assert report["relay_bytes"] > 0 and set(report["paths"]) == {"de"}
+        assert report["relay_bytes"] > 0 and report["paths"] == {"pe": 0, "de": report["requests"], "none": 0}
     if policy in ("pe-only", "basic"):
         assert report["relay_bytes"] == 0
 
@@ -67,14 +69,14 @@ def test_requests_that_do_not_fit_the_buffers_wait_and_are_not_dropped(tmp_path,
     assert 4 * 32768 <= peaks["decode"] <= 0.25 * 2**20 and peaks["prefill"] <= 0.2 * 2**20
 
 
-def test_outputs_have_one_record_per_request(tmp_path):
+def test_outputs_have_one_row_per_request(tmp_path):
     report, _ = _run(tmp_path, "out", policy="pe-only")
-    lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
-    assert len(lines) == report["requests"] == 9
-    for r in lines:
-        assert {"agent", "turn", "hit_tokens", "miss_tokens", "path", "pe", "de", "ttft", "generated"} <= set(r)
-        assert r["hit_tokens"] + r["miss_tokens"] == r["prompt_tokens"] and len(r["generated"]) == r["gen_len"]
-        assert 0 <= r["arrival"] <= r["first_token"] <= r["done"]
+    t = load_run(str(tmp_path / "out")).requests
+    assert len(t["id"]) == report["requests"] == 9 and set(t) == set(REQUEST_COLUMNS)
+    assert [len(g) for g in t["generated"]] == t["gen_len"].tolist() and (t["hit_tokens"] <= t["prompt_tokens"]).all()
+    assert (0 <= t["arrival"]).all() and (t["arrival"] <= t["first_token"]).all()
+    assert (t["first_token"] <= t["done"]).all()
+    assert np.isnan(t["hbm_wait"]).all() and (t["stored"] >= t["done"]).all()  # a simulator-only column is null
 
 
 @pytest.mark.parametrize("policy", ["pe-only", "de-only"])
@@ -125,7 +127,7 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
                           timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.load(open(out / "report.json"))
-    assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+    assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
     assert tokens_of(str(out)) == reference
 
 
@@ -195,7 +197,7 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
     (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
     (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
-    (["sim", "ablation", "--png", "{file}/a.png"], "{file} is a file, not a directory"),
+    (["sim", "ablation", "--plot", "{file}/a.png"], "{file} is a file, not a directory"),
     (["sim", "validate", "--real", "{dir}/none.json"], "--real {dir}/none.json: No such file or directory"),
     (["sim", "validate", "--real", "{bad}"], "is not JSON"),
     (["sim", "validate", "--real", "{empty}"], "is not a `dualjax bench e2e --json` result (missing workload"),
@@ -206,12 +208,14 @@ def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
     (["sim", "--hardware", "{dir}"], "Is a directory"),
     (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be a finite number > 0 and <= 1, got 1.5"),
     (["report", "{dir}/damaged"], "{dir}/damaged/report.json is damaged"),
+    (["report", "{dir}/other"], "{dir}/other/report.json is neither a real nor a simulated dualjax run"),
+    (["report", "{dir}/old"], "{dir}/old/report.json has schema version 0"),
     (["bench", "model", "--model", "nosuch"], "unknown model preset 'nosuch'"),
     (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be a finite number >= 0, got -1"),
     (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be a finite number > 0, got 0"),
     (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
-    (["calibrate", "--workload", "nosuch", "--out", "{dir}/local.json"], "unknown workload 'nosuch'"),
-    (["calibrate", "--out", "{file}/local.json"], "{file} is a file, not a directory"),
+    (["calibrate", "--workload", "nosuch", "--json", "{dir}/local.json"], "unknown workload 'nosuch'"),
+    (["calibrate", "--json", "{file}/local.json"], "{file} is a file, not a directory"),
     (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
     (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
 ])
@@ -224,6 +228,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monk
     (tmp_path / "empty.json").write_text("{}")
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "report.json").write_text('{"config": {')
+    for name, report in (("other", {"jct_s": 1.0}), ("old", {"kind": "real", "schema_version": 0})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
     fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path), "bad": str(tmp_path / "bad.json"),
             "empty": str(tmp_path / "empty.json")}
     try:
@@ -259,7 +266,7 @@ def test_report_compares_runs_and_plots(tmp_path, capsys):
     for policy in ("pe-only", "dualpath"):
         _run(tmp_path, policy, policy=policy, agents=2, turns=2, cluster=ClusterSpec.parse("1p2d"))
     png = tmp_path / "cmp.png"
-    rc = cli.main(["report", str(tmp_path / "pe-only"), str(tmp_path / "dualpath"), "--png", str(png)])
+    rc = cli.main(["report", str(tmp_path / "pe-only"), str(tmp_path / "dualpath"), "--plot", str(png)])
     out = capsys.readouterr().out
     assert rc == 0 and png.stat().st_size > 1000 and "dualpath" in out and "pe-only" in out
     for name in ("storage.png", "ttft_cdf.png"):
@@ -276,8 +283,8 @@ def test_online_mode_and_trajectory_file_run(tmp_path, reference):
     report, tokens = _run(tmp_path, "file", workload=str(path), policy="dualpath")
     assert report["requests"] == 6 and len(tokens) == 6
     report, _ = _run(tmp_path, "online", aps=5.0, agents=3, turns=2)
-    records = [json.loads(x) for x in open(tmp_path / "online" / "requests.jsonl")]
-    assert max(r["arrival"] for r in records if r["turn"] == 0) > 0.05  # agents really arrived over time
+    t = load_run(str(tmp_path / "online"), ["turn", "arrival"]).requests
+    assert t["arrival"][t["turn"] == 0].max() > 0.05  # agents really arrived over time
 
 
 @pytest.mark.slow
@@ -307,7 +314,7 @@ def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("embedded", "launch"):
         report = json.load(open(tmp_path / name / "report.json"))
-        assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+        assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
         assert tokens_of(str(tmp_path / name)) == reference
     assert cli.main(["sim", "--cluster", "1p1d", "--model", "qwen2.5-7b", "--workload", "paper-32k", "--agents", "4",
                      "--policy", CUSTOM, "--quiet", "--out", str(tmp_path / "sim")]) == 0

@@ -38,7 +38,7 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch, compile_l
     ran = {(t["rows"], t["new"], t["prefix"]) for t in pe["pass_shapes"]}  # rows too: each count is a program
     assert ran and ran <= warmed, (ran, warmed)
     assert max(rows for rows, _, _ in warmed) == min(MAX_WARM_ROWS, cfg.agents)
-    startup = report["startup"]
+    startup = report["runtime"]["startup"]
     assert set(startup["hosts_s"]) == {"1", "2"} and startup["max_s"] >= max(startup["hosts_s"].values()) > 0
     assert all(0 <= startup["compile_s"][r] <= startup["hosts_s"][r] for r in startup["hosts_s"])
 
