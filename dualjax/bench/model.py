@@ -21,10 +21,7 @@ import numpy as np
 
 import models
 from dualjax.bench.common import bench_args, emit, machine, matmul_flops_per_s, show_progress, timeit
-from models import mla
-from models.config import ModelConfig
 from models.costs import decode_bytes_per_step
-from models.model import attention_implementation, decode_implementation, decode_seq_major
 
 log = logging.getLogger("dualjax.bench.model")
 
@@ -64,11 +61,7 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
 def attention_report(cfg) -> dict:
     """The attention implementations prefill and decode run for `cfg` on this backend (decode over the
     cache layout `DecodeCache.create` picks)."""
-    if isinstance(cfg, ModelConfig):
-        seq_major = decode_seq_major(cfg)
-        return {"prefill": attention_implementation(cfg), "decode": decode_implementation(cfg, seq_major),
-                "decode_cache": "sequence-major" if seq_major else "head-major"}
-    return {"prefill": mla.attention_implementation(cfg), "decode": "einsum (absorbed MLA)"}
+    return cfg.family.attention(cfg)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -53,9 +53,8 @@ def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray]
 
 def model_context(name: str) -> int:
     """The longest context a model preset takes (its max_seq_len)."""
-    from models.config import get_config
-    from models.deepseek_config import DEEPSEEK_PRESETS
-    return (DEEPSEEK_PRESETS[name] if name in DEEPSEEK_PRESETS else get_config(name)).max_seq_len
+    from models.presets import get_config
+    return get_config(name).max_seq_len
 
 
 def session_trace(cfg: SimConfig) -> SessionTable | None:

@@ -19,7 +19,7 @@ from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.runtime.store import open_store
 from kvstore import FingerprintMismatch
-from models.hf_deepseek import hf_config_dict, to_hf
+from models.deepseek.hf import hf_config_dict, to_hf
 from models.source import file_sha256
 from tests.models.test_checkpoint import _write_hf
 

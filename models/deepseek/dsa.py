@@ -4,7 +4,7 @@ Each query scores every visible position with `sum_h w_h * relu(q_h . k)` over i
 heads (Ni heads of Hi dims; one shared key per token, LayerNorm'd, RoPE on its first Dr dims in the
 half-split layout), and main attention then reads only the `index_topk` best positions. With no
 more visible positions than `index_topk` every one is selected, so DSA equals dense attention.
-The indexer key of each token is part of its cache record (`models.mla_cache`).
+The indexer key of each token is part of its cache record (`models.deepseek.record`).
 
 DeepSeek's reference also applies a Hadamard rotation to q and k before FP8-quantising them;
 it is orthogonal, so it leaves the scores unchanged and is left out here.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.deepseek_config import DeepSeekConfig
-from models.mla import rope_halves
+from models.deepseek.config import DeepSeekConfig
+from models.layers import rope_halves
 
 
 def layer_norm(x, w, b, eps=1e-6):

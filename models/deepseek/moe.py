@@ -16,7 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.deepseek_config import DeepSeekConfig
+from models.deepseek.config import DeepSeekConfig
+from models.layers import swiglu
 
 
 def route(h, lp, cfg: DeepSeekConfig):
@@ -38,17 +39,11 @@ def route(h, lp, cfg: DeepSeekConfig):
     return jnp.sum(jax.nn.one_hot(idx, E, dtype=jnp.float32) * weights[..., None], axis=-2)
 
 
-def mlp(h, w_gate, w_up, w_down):
-    """SwiGLU MLP: h [B, T, D] -> [B, T, D]."""
-    gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, w_gate))
-    return jnp.einsum("btf,fd->btd", gate * jnp.einsum("btd,df->btf", h, w_up), w_down)
-
-
 def moe(h, lp, cfg: DeepSeekConfig):
     """Routed plus shared experts of h [B, T, D] -> [B, T, D]."""
     gates = route(h, lp, cfg).astype(h.dtype)
     act = jax.nn.silu(jnp.einsum("btd,edf->btef", h, lp["e_gate"])) * jnp.einsum("btd,edf->btef", h, lp["e_up"])
     out = jnp.einsum("btef,efd->btd", act * gates[..., None], lp["e_down"])
     if cfg.n_shared_experts:
-        out = out + mlp(h, lp["s_gate"], lp["s_up"], lp["s_down"])
+        out = out + swiglu(h, lp["s_gate"], lp["s_up"], lp["s_down"])
     return out

@@ -1,6 +1,5 @@
-"""DeepSeek-V3.2 family configuration (MLA latent KV, DSA indexer, MoE): a frozen dataclass and presets.
-
-Imports without JAX, like `models.config`. Shape legend (beyond `models.config`'s): R latent rank
+"""The DeepSeek-V3.2 family's configuration (MLA latent KV, DSA indexer, MoE): a frozen dataclass and
+presets (imports without JAX). Shape legend (beyond `models.config`'s): R latent rank
 (`kv_lora_rank`), Rq query latent rank (`q_lora_rank`, 0: no Q-LoRA), Dn / Dr per-head no-RoPE /
 RoPE query-key dims, Dv value head dim, E routed experts, Fe expert FFN width, Ni / Hi indexer
 heads / head dim.
@@ -17,14 +16,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from models.config import DTYPES, ModelConfigError
+from models.config import DTYPES, FamilyConfig, ModelConfigError
 
 FP8_GROUP = 128  # values per FP32 scale in the FP8 latent layout
 KV_CACHE_DTYPES = ("model", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepSeekConfig:
+class DeepSeekConfig(FamilyConfig):
+    FAMILY = "models.deepseek"
+
     name: str = dataclasses.field(compare=False)  # a label: same architecture, same programs
     vocab: int  # V
     d_model: int  # D
@@ -90,10 +91,6 @@ class DeepSeekConfig:
                 raise ModelConfigError(f"DeepSeekConfig {self.name!r}: {msg}")
 
     @property
-    def jnp_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
@@ -137,15 +134,6 @@ class DeepSeekConfig:
             return f"mla-fp8:{R}/{self.fp8_group}+{Dr}bf16+{Hi}:uint8"
         return f"mla:{R}+{Dr}+{Hi}:{self.dtype}"
 
-    @property
-    def kv_record_bytes(self) -> int:
-        """Bytes of one token's record for one layer."""
-        itemsize = 1 if self.kv_cache_dtype == "fp8" else DTYPES[self.dtype].itemsize
-        return math.prod(self.kv_record_shape) * itemsize
-
-    def replace(self, **changes) -> "DeepSeekConfig":
-        return dataclasses.replace(self, **changes)
-
 
 def yarn_mscale(factor: float, mscale: float) -> float:
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
@@ -158,8 +146,9 @@ _V32 = dict(vocab=129280, d_model=7168, n_layers=61, n_heads=128, q_lora_rank=15
             routed_scaling_factor=2.5, rope_factor=40.0, rope_original_max=4096, beta_fast=32.0, beta_slow=1.0,
             mscale=1.0, mscale_all_dim=1.0, dtype="bfloat16")
 
-DEEPSEEK_PRESETS: dict[str, DeepSeekConfig] = {
-    # The public DeepSeek-V3.2 shape (671B parameters without the MTP layer): eval_shape and cost models only.
+PRESETS: dict[str, DeepSeekConfig] = {
+    # The public DeepSeek-V3.2 shape (671B parameters without the MTP layer): checked by shape
+    # (jax.eval_shape) and by its cost model; no single host here holds it.
     "deepseek-v3.2": DeepSeekConfig("deepseek-v3.2", **_V32),
     # The paper's down-scaled V3.2 (docs/paper.md §8): no Q-LoRA in attention or indexer.
     "ds-27b": DeepSeekConfig("ds-27b", **{**_V32, **dict(

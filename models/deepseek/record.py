@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.deepseek_config import DeepSeekConfig
+from models.deepseek.config import DeepSeekConfig
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 

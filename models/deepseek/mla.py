@@ -13,24 +13,18 @@ the API takes keys and values of one width and cuDNN at most 256; it stays einsu
 `index_topk` records DSA gathers.
 
 RoPE layouts: MLA rotates adjacent pairs (DeepSeek's interleaved layout, what HF does after its
-de-interleaving permutation); the DSA indexer rotates the two halves (`models.dsa`).
+de-interleaving permutation); the DSA indexer rotates the two halves (`models.deepseek.dsa`).
 """
 
 from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.deepseek_config import DeepSeekConfig, yarn_mscale
-from models.model import fused_implementation
-
-
-def rms_norm(x, w, eps):
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * w).astype(x.dtype)
+from models.deepseek.config import DeepSeekConfig, yarn_mscale
+from models.layers import attend, cos_sin, fused_implementation, rms_norm, rope_interleaved
 
 
 def _correction_dim(rotations: float, dim: int, base: float, original: int) -> float:
@@ -51,27 +45,12 @@ def rope_inv_freq(cfg: DeepSeekConfig) -> np.ndarray:
 
 def rope_cos_sin(positions, cfg: DeepSeekConfig):
     """cos, sin [B, T, Dr/2] (float32) for positions [B, T]; YaRN's magnitude factor folded in."""
-    angles = positions[..., None].astype(jnp.float32) * rope_inv_freq(cfg)
+    cos, sin = cos_sin(positions, rope_inv_freq(cfg))
     gain = 1.0  # HF's YaRN attention factor: 1 when mscale == mscale_all_dim, as in every DeepSeek config
     if cfg.rope_factor > 1:
         gain = (yarn_mscale(cfg.rope_factor, cfg.mscale) / yarn_mscale(cfg.rope_factor, cfg.mscale_all_dim)
                 if cfg.mscale and cfg.mscale_all_dim else yarn_mscale(cfg.rope_factor, 1.0))
-    return jnp.cos(angles) * gain, jnp.sin(angles) * gain
-
-
-def rope_interleaved(x, cos, sin):
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, n, Dr] by cos/sin [B, T, Dr/2]."""
-    x32 = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
-    c, s = cos[:, :, None], sin[:, :, None]
-    out = jnp.stack([x32[..., 0] * c - x32[..., 1] * s, x32[..., 1] * c + x32[..., 0] * s], axis=-1)
-    return out.reshape(x.shape).astype(x.dtype)
-
-
-def rope_halves(x, cos, sin):
-    """Rotate pairs (x[i], x[i + Dr/2]) of x [B, T, n, Dr] by cos/sin [B, T, Dr/2] (the indexer's layout)."""
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    c, s = cos[:, :, None], sin[:, :, None]
-    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+    return cos * gain, sin * gain
 
 
 def query_latent(h, lp, cfg: DeepSeekConfig):
@@ -104,7 +83,7 @@ def _softmax_where(scores, mask, dtype):
 
 
 def attention_implementation(cfg: DeepSeekConfig) -> str:
-    """The implementation of prefill's expanded attention (`models.model.fused_implementation` for its
+    """The implementation of prefill's expanded attention (`models.layers.fused_implementation` for its
     heads: keys and values both padded to the wider of Dn + Dr and Dv)."""
     return fused_implementation(cfg.jnp_dtype, cfg.n_heads, cfg.n_heads, max(cfg.qk_head_dim, cfg.v_head_dim))
 
@@ -125,9 +104,7 @@ def attend_expanded(q_nope, q_pe, c_kv, k_pe, mask, lp, cfg: DeepSeekConfig):
     k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe[:, :, None], (B, S, N, k_pe.shape[-1]))], axis=-1)
     width = max(cfg.qk_head_dim, Dv)
     q, k, v = (jnp.pad(a, [(0, 0)] * 3 + [(0, width - a.shape[-1])]) for a in (q, k, v))
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=cfg.softmax_scale,
-                                       implementation=attention_implementation(cfg))
-    return out[..., :Dv]
+    return attend(q, k, v, attention_implementation(cfg), mask, scale=cfg.softmax_scale)[..., :Dv]
 
 
 def attend_absorbed(q_nope, q_pe, c_kv, k_pe, mask, lp, cfg: DeepSeekConfig):

@@ -1,6 +1,7 @@
-"""An independent NumPy DeepSeek-V3.2 forward (float64, no cache, no padding), written after DeepSeek's
-own reference `inference/model.py`: per-head keys `[k_nope, k_pe]`, the indexer's top-k by sorting,
-MoE one token at a time over its chosen experts. The test oracle for `models.deepseek`."""
+"""The DeepSeek-V3.2 family's reference forward (`models.reference_logits`): NumPy in float64, no cache,
+no padding, written after DeepSeek's own reference `inference/model.py` and apart from the JAX model:
+per-head keys `[k_nope, k_pe]`, the indexer's top-k by sorting, MoE one token at a time over its chosen
+experts. The tests' oracle for this family; slow beyond the tiny presets."""
 
 from __future__ import annotations
 

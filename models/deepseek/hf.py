@@ -16,24 +16,18 @@ refused naming the config field; missing, extra or misshaped tensors are named.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 
-from models.checkpoint import CheckpointError
-from models.deepseek import declare, is_decl
-from models.deepseek_config import DeepSeekConfig
-from models.params import Params
+from models.deepseek.config import DeepSeekConfig
+from models.deepseek.model import declare
+from models.hf import HFImportError, open_tensors, read_tensor, refuse_extra
+from models.params import Params, is_decl
 
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
-
-
-class HFImportError(CheckpointError):
-    """A Hugging Face DeepSeek checkpoint this loader cannot read; the message names the field or tensor."""
 
 
 def _refuse(hf: dict, field: str, ok) -> None:
@@ -177,12 +171,7 @@ def _assemble(rows, tensors: dict, path: str, cfg: DeepSeekConfig, tree: dict) -
     """Read every row's tensor (checking its shape) into `tree`; per-expert tensors stack along E."""
     experts: dict = {}
     for hf_name, shape, convert in rows:
-        if hf_name not in tensors:
-            raise HFImportError(f"{path}: missing tensor {hf_name} (expected shape {shape})")
-        got = tuple(tensors[hf_name].get_slice(hf_name).get_shape())
-        if got != shape:
-            raise HFImportError(f"{path}: tensor {hf_name} has shape {got}, expected {shape}")
-        for key, value in convert(np.asarray(tensors[hf_name].get_tensor(hf_name), np.float32)).items():
+        for key, value in convert(np.asarray(read_tensor(tensors, hf_name, shape, path), np.float32)).items():
             if isinstance(key, tuple):
                 experts.setdefault(key[0], {})[key[1]] = value
             else:
@@ -192,24 +181,17 @@ def _assemble(rows, tensors: dict, path: str, cfg: DeepSeekConfig, tree: dict) -
     return tree
 
 
-def load_hf_deepseek(path: str, dtype: str | None = None) -> tuple[DeepSeekConfig, Params]:
-    """Import a local HF DeepSeek-V3 / V3.2 checkpoint directory -> (DeepSeekConfig, params).
+def load_hf(path: str, hf: dict, dtype: str | None = None) -> tuple[DeepSeekConfig, Params]:
+    """Import a local HF DeepSeek-V3 / V3.2 checkpoint directory whose config.json is `hf`
+    -> (DeepSeekConfig, params).
 
     Raises HFImportError naming the config field or the tensor that is unsupported, missing,
     unexpected or misshaped.
     """
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-    except FileNotFoundError:
-        raise HFImportError(f"{path}: no config.json; expected a Hugging Face checkpoint directory") from None
     cfg = hf_config(hf, name=os.path.basename(os.path.normpath(path)))
     if dtype:
         cfg = cfg.replace(dtype=dtype)
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise HFImportError(f"{path}: no *.safetensors files")
-    tensors = {k: h for h in (safe_open(f, framework="numpy") for f in files) for k in h.keys()}
+    tensors = open_tensors(path)
     half_split = hf.get("rope_interleave", True) is False
     fused = "model.layers.{}.mlp.experts.down_proj".format(cfg.first_k_dense_replace) in tensors
     indexer = hf["model_type"] == "deepseek_v32"
@@ -222,15 +204,12 @@ def load_hf_deepseek(path: str, dtype: str | None = None) -> tuple[DeepSeekConfi
         used |= {r[0] for r in rows}
         layer = _assemble(rows, tensors, path, cfg, {} if indexer else _zero_indexer(cfg))
         params["layers"].append(layer)
-    extra = sorted(k for k in tensors if k not in used and not _ignored(k, cfg))
-    if extra:
-        raise HFImportError(f"{path}: unexpected tensors {extra[:8]}{' ...' if len(extra) > 8 else ''}")
+    refuse_extra(tensors, used, lambda name: _ignored(name, cfg), path)
     return cfg, _cast(params, cfg)
 
 
 def _cast(params: dict, cfg: DeepSeekConfig) -> Params:
     """The params in cfg.dtype, in the declaration's tree order."""
-    import jax
     decls = declare(cfg)
     return jax.tree.map(lambda d, x: jnp.asarray(x, cfg.jnp_dtype), decls, params, is_leaf=is_decl)
 
