@@ -33,11 +33,12 @@ BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "
 
 def cmd_run(args) -> int:
     from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
+    from dualjax.runtime.preflight import REFUSED
     cfg = from_args(RunConfig, args)
-    check_run(cfg)
+    check_run(cfg, embedded=args.embedded)
     if not args.embedded:
         rc = launch_mpi(cfg, quiet=args.quiet)
-        if rc:
+        if rc and rc != REFUSED:  # a refusal is rank 0's one line already
             print(f"dualjax run: a host failed (exit code {rc})", file=sys.stderr)
             for path in failed_hosts(cfg.out):  # mpiexec may have ended the job before it forwarded the host's print
                 with open(path) as f:
