@@ -5,6 +5,13 @@ x 6 turns whose prompts cross several blocks)
 runs under PE-only, DE-only, a random path per request and the DualPath scheduler; layerwise on
 and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
 store-backed run must produce bit-identical generated tokens, equal to the reference's.
+
+`--hosts N` checks a cluster instead: N hosts made as Linux namespaces on this machine
+(`dualjax.runtime.netns`: MPI between them can only use the network), 1P2D with DE reads (every hit
+block relayed DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as
+`dualjax run --hostfile` launches; their tokens must equal the embedded reference's, and MPI must
+have moved the KV over the network (`over_network`: each rank shares memory only with ranks on its
+own host, and the hosts' links carried at least the KV bytes the hosts sent). Needs root.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import launch_mpi, run_embedded
+from dualjax.runtime.launch import launch_mpi, mpiexec_cmd, run_embedded
 
 # (name, cluster, policy, layerwise, launcher)
 RUNS = [
@@ -31,6 +39,9 @@ RUNS = [
     ("random-basic-mpiexec", "1p2d", "random", False, "mpiexec"),
 ]
 QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded")]
+# (name, cluster, policy, layerwise) of `--hosts`
+HOST_RUNS = [("de-layerwise-1p2d-hosts", "1p2d", "de-only", True),
+             ("dualpath-layerwise-2p2d-hosts", "2p2d", "dualpath", True)]
 
 
 def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
@@ -49,33 +60,88 @@ def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bo
     return tokens_of(cfg.out)
 
 
+def _compare(result: dict, name: str, reference: dict, got: dict) -> None:
+    result["runs"].append(name)
+    for key, want in reference.items():
+        if got.get(key) != want:
+            result["mismatches"].append({"run": name, "agent": key[0], "turn": key[1], "reference": want,
+                                         "got": got.get(key)})
+    print(f"verify: {name}: {'ok' if not any(m['run'] == name for m in result['mismatches']) else 'MISMATCH'}",
+          flush=True)
+
+
 def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None,
-           model: str = "tiny") -> dict:
+           model: str = "tiny", hosts: int | None = None) -> dict:
     base = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-tiny",
                      agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
     t0 = time.time()
     reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", out)
     result = {"identical": True, "requests": len(reference), "runs": ["reference"], "mismatches": []}
-    for name, cluster, policy, layerwise, launcher in (QUICK if quick else RUNS):
-        got = run_one(base, name, cluster, policy, layerwise, launcher, out)
-        result["runs"].append(name)
-        for key, want in reference.items():
-            if got.get(key) != want:
-                result["mismatches"].append({"run": name, "agent": key[0], "turn": key[1], "reference": want,
-                                             "got": got.get(key)})
-        print(f"verify: {name}: {'ok' if not any(m['run'] == name for m in result['mismatches']) else 'MISMATCH'}",
-              flush=True)
+    if hosts:
+        result["hosts"] = on_hosts(base, hosts, out, reference, result)
+    else:
+        for name, cluster, policy, layerwise, launcher in (QUICK if quick else RUNS):
+            _compare(result, name, reference, run_one(base, name, cluster, policy, layerwise, launcher, out))
     result["identical"] = not result["mismatches"]
     result["wall_s"] = time.time() - t0
     return result
 
 
+def _separate(placement: dict) -> bool:
+    """Whether every rank shares memory (MPI's COMM_TYPE_SHARED) only with ranks on its own host."""
+    host = {r["rank"]: r["host"] for r in placement["ranks"]}
+    return all(host[p] == r["host"] for r in placement["ranks"] for p in r["shared_memory_with"])
+
+
+def on_hosts(base: RunConfig, n: int, out: str, reference: dict, result: dict) -> dict:
+    """HOST_RUNS on `n` namespaced hosts (`dualjax.runtime.netns`), compared with `reference` into
+    `result`; returns per run its placement, the bytes its hosts' links carried and the KV they sent,
+    and whether MPI kept shared memory within each host. Raises NetnsError where hosts cannot be made."""
+    from dualjax.runtime.netns import Hosts
+    from dualjax.runtime.placement import Placement, PlacementError, read_nodes
+    runs = {}
+    with Hosts(n) as hosts:
+        for name, cluster, policy, layerwise in HOST_RUNS:
+            cfg = base.replace(cluster=ClusterSpec.parse(cluster), policy=policy, layerwise=layerwise,
+                               out=os.path.join(out, name), store=os.path.join(out, name, "store"),
+                               hostfile=hosts.hostfile)
+            try:
+                Placement.plan(cfg.cluster, *read_nodes(cfg.hostfile))
+            except PlacementError as e:
+                runs[name] = {"skipped": str(e)}
+                print(f"verify: {name}: skipped ({e})", flush=True)
+                continue
+            shutil.rmtree(cfg.out, ignore_errors=True)
+            before = hosts.net_bytes()
+            proc = hosts.run(mpiexec_cmd(cfg, quiet=True), capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"verify run {name} failed on {n} hosts: {proc.stderr[-2000:]}")
+            after = hosts.net_bytes()
+            with open(os.path.join(cfg.out, "report.json")) as f:
+                report = json.load(f)
+            placement = report["placement"]
+            sent = {"network_bytes": sum(after[h]["tx"] - before[h]["tx"] for h in after),
+                    "kv_bytes": sum(h["kv_sent_bytes"] for h in report["hosts"])}
+            # one engine per node: every KV byte goes from one host to another
+            runs[name] = {k: placement[k] for k in ("scheduler", "prefill", "decode")} | sent | {
+                "over_network": _separate(placement) and sent["network_bytes"] >= sent["kv_bytes"] > 0}
+            _compare(result, name, reference, tokens_of(cfg.out))
+    return runs
+
+
 def main(args) -> int:
-    result = verify(args.out, quick=args.quick, model=getattr(args, "model", "tiny"))
+    from dualjax.runtime.netns import NetnsError
+    try:
+        result = verify(args.out, quick=args.quick, model=getattr(args, "model", "tiny"),
+                        hosts=getattr(args, "hosts", None))
+    except NetnsError as e:
+        print(f"dualjax verify: error: --hosts: {e}", file=sys.stderr)
+        return 2
     text = json.dumps(result, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     summary = {k: v for k, v in result.items() if k != "mismatches"} | {"mismatches": len(result["mismatches"])}
     print(json.dumps(summary))
-    return 0 if result["identical"] else 1
+    networked = all(r.get("over_network", True) for r in result.get("hosts", {}).values())
+    return 0 if result["identical"] and networked else 1

@@ -146,37 +146,46 @@ def _sees_store(cfg: RunConfig) -> str | None:
     return None
 
 
-def check_store(comm, cfg: RunConfig, placement: Placement) -> None:
-    """Collective: rank 0 writes a probe block into the store, every other host reads it back."""
+def _read_probe(cfg: RunConfig, block_id, block) -> tuple[object, str | None]:
+    """(the store, None) if this host opens it and reads the probe back, else (store or None, why not)."""
     from dualjax.runtime.store import open_store
-    rank, seat, seat0 = comm.Get_rank(), placement.seats[comm.Get_rank()], placement.seats[0]
-    store = problem = None
-    block_id = block = None
+    if why := _sees_store(cfg):
+        return None, why
     try:
-        if rank == 0:
+        store = open_store(cfg)
+    except _bad_input() as e:
+        return None, f"cannot open the store {cfg.store_dir}: {e}"
+    got = store.get([block_id.hash])[0].result()
+    if got is None or not np.array_equal(got.view(np.uint8), block[0].view(np.uint8)):
+        return store, f"does not see the store at {cfg.store_dir}: the probe rank 0 wrote there is not in it"
+    return store, None
+
+
+def check_store(comm, cfg: RunConfig, placement: Placement) -> None:
+    """Collective: rank 0 writes a probe block into the store, then every other host reads it back."""
+    from dualjax.runtime.store import open_store
+    rank, seat = comm.Get_rank(), placement.seats[comm.Get_rank()]
+    store = block_id = block = problem = None
+    if rank == 0:
+        try:
             store = open_store(cfg)
             block_id, block = _probe_block(store.layout, os.urandom(16))
             store.put([block_id], block)
-        elif why := _sees_store(cfg):
-            problem = f"{_where(seat)} {why}"
-        else:
-            store = open_store(cfg)
-    except _bad_input() as e:
-        problem = f"{_where(seat)} cannot open the store {cfg.store_dir}: {e}"
+        except _bad_input() as e:
+            problem = f"{_where(seat)} cannot open the store {cfg.store_dir}: {e}"
     _agree(comm, problem)
     block_id, block = comm.bcast((block_id, block), root=0)
-    if rank != 0:
-        got = store.get([block_id.hash])[0].result()
-        if got is None or not np.array_equal(got.view(np.uint8), block[0].view(np.uint8)):
-            problem = (f"{_where(seat)} does not see the store at {cfg.store_dir}: the probe rank 0 wrote there on "
-                       f"{seat0.host} is not in it; give --store a directory every host shares (or a kvstore every "
-                       "host reaches)")
     try:
+        if rank != 0:
+            store, why = _read_probe(cfg, block_id, block)
+            problem = why and (f"{_where(seat)} {why}; rank 0 runs on {placement.seats[0].host}: give --store a "
+                               "directory that every host shares")
         _agree(comm, problem)
     finally:
         if rank == 0:
             store.invalidate(block_id.hash)
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def report_devices(comm, placement: Placement) -> list[dict]:
