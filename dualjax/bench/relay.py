@@ -2,10 +2,13 @@
 `Send` of the same bytes in the same run, and the p99 latency of control messages while a relay
 saturates the link, with the priority lanes and with one FIFO lane.
 
-    python -m dualjax.bench.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
+    python -m dualjax.bench.relay --json FILE [--quick] [--hostfile FILE]   (starts mpiexec -n 2 itself)
 
 Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
-"link" is MPICH's shared-memory transport; nothing is emulated. The receive memory outlives the
+"link" is MPICH's shared-memory transport; nothing is emulated. With `--hostfile`, rank 0 runs on
+its first host and rank 1 on its second, and the link is the network between them (two namespaced
+hosts: `python -m dualjax.cli.hosts 2 -- dualjax bench relay --hostfile {hostfile}`); `hosts` and
+`shared_memory` say where the ranks ran and whether MPI gave them shared memory. The receive memory outlives the
 runs (one raw receive buffer, one transport pool), as a host's does for its whole life: memory
 allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
 call that holds the progress thread and every control message behind it), for both the raw
@@ -22,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +35,7 @@ import time
 import numpy as np
 
 from dualjax.bench.common import emit, parser
-from dualjax.core.config import number
+from dualjax.core.config import ConfigError, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +159,14 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             rounds[priority].append(_relay(comm, layers, lat_repeats, priority, 0.001, chunk, pool)[1])
     lat_prio, lat_fifo = ([x for r in rounds[p] for x in r] for p in (True, False))
     waited = comm.gather(MpiTransport.waits_inside_mpi)
+    hosts = comm.gather(socket.gethostname())
+    from mpi4py import MPI  # initialized by comm_world, with its settings
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() > 1
     if comm.rank == 0:
+        link = ("MPICH shared memory" if shared else "the network") + f", ranks on {', '.join(dict.fromkeys(hosts))}"
         result = {
-            "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
+            "benchmark": "relay", "hosts": hosts, "shared_memory": shared, "bytes": nbytes,
+            "layer_bytes": layers[0].nbytes,
             "raw_gbps": nbytes / raw_s / 1e9, "relay_gbps": nbytes / relay_s / 1e9,
             "relay_vs_raw": raw_s / relay_s,
             "raw_same_buffers_gbps": nbytes / same_s / 1e9, "relay_vs_raw_same_buffers": same_s / relay_s,
@@ -173,7 +182,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "control_p99_ms_fifo_rounds": [float(np.percentile(r, 99)) for r in rounds[False]],
             "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk, "window": DEFAULT_WINDOW,
             "waits_inside_mpi": any(waited), "waits_inside_mpi_ranks": waited,
-            "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
+            "notes": f"2 MPI ranks ({link}); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; raw_same_buffers_gbps = the same into as many buffers as the relay's pool held "
                      "after a warm-up (raw_same_buffers), in turn, as the relay's pieces land "
                      "(relay_vs_raw_same_buffers: the transport's own cost, without that of landing in memory the "
@@ -196,6 +205,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
 def main(argv=None) -> dict:
     p = parser(__doc__, "relay")
     p.add_argument("--chunk-kib", type=number(kind=int), default=None, help="KV chunk size (default: the transport's)")
+    p.add_argument("--hostfile", help="run rank 0 (the PE) on the file's first host, rank 1 (the DE) on its second")
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.under_mpi:
@@ -205,7 +215,15 @@ def main(argv=None) -> dict:
     from dualjax.runtime.launch import mpiexec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "relay.json")
-        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.relay", "--under-mpi", out]
+        hosts = []
+        if args.hostfile:
+            from dualjax.runtime.placement import read_nodes
+            nodes, source = read_nodes(args.hostfile)
+            if len(nodes) < 2:
+                raise ConfigError(f"{source} lists {len(nodes)} host; the relay needs two")
+            hosts = ["-hosts", f"{nodes[0].name}:1,{nodes[1].name}:1"]
+        cmd = [mpiexec(), *hosts, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.relay", "--under-mpi",
+               out]
         extra = (["--quick"] if args.quick else []) + (["--chunk-kib", str(args.chunk_kib)] if args.chunk_kib else [])
         subprocess.run(cmd + extra, check=True)
         result = json.load(open(out))
