@@ -82,12 +82,14 @@ def _raw(comm, layers, repeats: int, into: list[np.ndarray]) -> float:
     return time.perf_counter() - t0
 
 
-def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int, pool=None):
+def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int, pool=None,
+           pack_to=frozenset()):
     """Send the layers through MpiTransport, receiving into `pool` (None: a fresh one); returns
-    (seconds, control latencies in ms at rank 0)."""
+    (seconds, control latencies in ms at rank 0). `pack_to`: the transport's (the other rank, on
+    another host)."""
     from dualjax.runtime.messages import LayerKV
     from dualjax.runtime.transport import MpiTransport
-    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk, pool=pool)
+    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk, pool=pool, pack_to=pack_to)
     comm.Barrier()
     t0, lat = time.perf_counter(), []
     if comm.rank == 1:
@@ -129,6 +131,9 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     from dualjax.runtime.buffers import BufferPool
     from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
     comm = comm_world()
+    from mpi4py import MPI  # initialized by comm_world, with its settings
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() > 1
+    pack_to = frozenset() if shared else frozenset({1 - comm.rank})  # on two hosts: as a host's transport
     tokens = 2048 if quick else 4096
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
     repeats = 3 if quick else 8
@@ -136,7 +141,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     # the receive memory outlives the runs, as a host's does: the raw buffers, one transport pool
     pool = BufferPool()
     for kvs in (layers, strided):  # warm-up: the pool grows to the buffers the relay keeps in rotation
-        _relay(comm, kvs, repeats, True, None, chunk, pool)
+        _relay(comm, kvs, repeats, True, None, chunk, pool, pack_to)
     # raw into one buffer, and into as many as the pool holds, in turn: where the relay's bytes land
     into = [np.ones_like(layers[0]) for _ in range(comm.bcast(pool.misses, root=0))]
     _raw(comm, layers, 1, into)
@@ -145,7 +150,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
         runs["raw"].append(_raw(comm, layers, repeats, into[:1]))
         runs["raw_same_buffers"].append(_raw(comm, layers, repeats, into))
         runs["relay"].append(_relay(comm, layers, repeats, True, None, chunk, pool)[0])
-        runs["strided"].append(_relay(comm, strided, repeats, True, None, chunk, pool)[0])
+        runs["strided"].append(_relay(comm, strided, repeats, True, None, chunk, pool, pack_to)[0])
         runs["fresh"].append(_relay(comm, layers, repeats, True, None, chunk)[0])
     raw_s, same_s, relay_s, strided_s, fresh_s = (min(runs[k]) for k in
                                                   ("raw", "raw_same_buffers", "relay", "strided", "fresh"))
@@ -160,8 +165,6 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     lat_prio, lat_fifo = ([x for r in rounds[p] for x in r] for p in (True, False))
     waited = comm.gather(MpiTransport.waits_inside_mpi)
     hosts = comm.gather(socket.gethostname())
-    from mpi4py import MPI  # initialized by comm_world, with its settings
-    shared = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() > 1
     if comm.rank == 0:
         link = ("MPICH shared memory" if shared else "the network") + f", ranks on {', '.join(dict.fromkeys(hosts))}"
         result = {
@@ -191,7 +194,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
                      "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
                      "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "
                      "2026-12-02); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
-                     "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
+                     "with an MPI datatype on one host, gathered into one buffer first between hosts); best of 5, "
+                     "interleaved. Control: a ping every 1 ms while the relay "
                      f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per run, "
                      f"{LATENCY_ROUNDS} runs per lane alternating the lanes; control_p*_ms_* pool every run's pings "
                      "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99 "

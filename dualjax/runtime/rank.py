@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
     progress = comm.Get_rank() == 0 and not args.quiet
     if progress:
         print(describe_placement(placement, devices), file=sys.stderr, flush=True)
-    transport = MpiTransport(comm)
+    shared = devices[comm.Get_rank()]["shared_memory_with"]  # the ranks on this host
+    transport = MpiTransport(comm, pack_to=frozenset(range(comm.Get_size())) - set(shared))
     report = run_rank(transport, cfg, progress=progress, placement={**placement.report(), "ranks": devices})
     transport.close()
     comm.Barrier()

@@ -117,9 +117,9 @@ def test_engines_sharing_a_node_split_its_gpus():
 
 
 def test_engines_sharing_a_gpu_preallocate_a_share_of_it():
-    assert device_env(seat(k=1, n=2), {}, ["0"]) == {"CUDA_VISIBLE_DEVICES": "0", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
-    assert device_env(seat(k=2, n=3), {}, ["0", "1"]) == {"CUDA_VISIBLE_DEVICES": "0",
-                                                         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
+    half = {"CUDA_VISIBLE_DEVICES": "0", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
+    assert device_env(seat(k=1, n=2), {}, ["0"]) == half
+    assert device_env(seat(k=2, n=3), {}, ["0", "1"]) == half  # GPU 0 runs engines 0 and 2
     assert device_env(seat(k=1, n=2), {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, ["0"]) == {
         "CUDA_VISIBLE_DEVICES": "0"}
 
