@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from dualjax.core.config import number
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except NetnsError as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # so the hosts are removed
     with hosts:
         rc = hosts.run([a.replace("{hostfile}", hosts.hostfile) for a in command]).returncode
         print(json.dumps({"hosts": hosts.names, "link_bytes": hosts.net_bytes()}), file=sys.stderr)

@@ -24,7 +24,7 @@ import importlib
 import sys
 
 from dualjax.cli.errors import user_errors
-from dualjax.core.config import RunConfig, add_flags, from_args, number, use_compile_cache
+from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
 from dualjax.outputs import output_dir, output_file
 
 BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--out", default="runs/verify", type=output_dir)
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     ver.add_argument("--model", default="tiny", help="model preset or checkpoint directory (default tiny)")
-    ver.add_argument("--hosts", type=number(1, kind=int), metavar="N",
-                     help="check 1P2D and 2P2D on N hosts made as Linux namespaces here (root; docs/cluster.md)")
+    ver.add_argument("--hosts", metavar="N|FILE", help="check 1P2D and 2P2D across hosts: N made as Linux namespaces "
+                     "here (root), or a hostfile's (docs/cluster.md)")
     plan.add_parser(sub)
     sim.add_parsers(sub)
     workload.add_parser(sub)

@@ -6,23 +6,27 @@ runs under PE-only, DE-only, a random path per request and the DualPath schedule
 and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
 store-backed run must produce bit-identical generated tokens, equal to the reference's.
 
-`--hosts N` checks a cluster instead: N hosts made as Linux namespaces on this machine
-(`dualjax.runtime.netns`: MPI between them can only use the network), 1P2D with DE reads (every hit
-block relayed DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as
-`dualjax run --hostfile` launches; their tokens must equal the embedded reference's, and MPI must
-have moved the KV over the network (`over_network`: each rank shares memory only with ranks on its
-own host, and the hosts' links carried at least the KV bytes the hosts sent). Needs root.
+`--hosts` checks a cluster instead: `--hosts N` on N hosts made as Linux namespaces on this machine
+(`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hosts FILE` on the
+hosts of a hostfile (`slurm`: the allocation's). It runs 1P2D with DE reads (every hit block relayed
+DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as `dualjax run --hostfile`
+launches; their tokens must equal the embedded reference's, and MPI must have moved the KV over the
+network (`over_network`: each rank shares memory only with ranks on its own host, and on namespaced
+hosts their links carried at least the KV bytes the hosts sent). On real hosts `--out` must be a
+directory rank 0's host shares with this one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
-from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.runtime.launch import launch_mpi, mpiexec_cmd, run_embedded
 
 # (name, cluster, policy, layerwise, launcher)
@@ -71,7 +75,7 @@ def _compare(result: dict, name: str, reference: dict, got: dict) -> None:
 
 
 def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None,
-           model: str = "tiny", hosts: int | None = None) -> dict:
+           model: str = "tiny", hosts: int | str | None = None) -> dict:
     base = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-tiny",
                      agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
     t0 = time.time()
@@ -93,47 +97,72 @@ def _separate(placement: dict) -> bool:
     return all(host[p] == r["host"] for r in placement["ranks"] for p in r["shared_memory_with"])
 
 
-def on_hosts(base: RunConfig, n: int, out: str, reference: dict, result: dict) -> dict:
-    """HOST_RUNS on `n` namespaced hosts (`dualjax.runtime.netns`), compared with `reference` into
-    `result`; returns per run its placement, the bytes its hosts' links carried and the KV they sent,
-    and whether MPI kept shared memory within each host. Raises NetnsError where hosts cannot be made."""
+def _host_run(name: str, cfg: RunConfig, run, net_bytes) -> dict:
+    """One HOST_RUNS run, launched with `run` (subprocess.run, or on namespaced hosts); returns its
+    placement, and whether MPI moved its KV over the network: every rank shares memory only with ranks
+    on its own host, and (where `net_bytes` counts the hosts' links) the links carried at least the KV."""
+    shutil.rmtree(cfg.out, ignore_errors=True)
+    before = net_bytes() if net_bytes else None
+    proc = run(mpiexec_cmd(cfg, quiet=True), capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"verify run {name} failed across hosts: {proc.stderr[-2000:]}")
+    with open(os.path.join(cfg.out, "report.json")) as f:
+        report = json.load(f)
+    placement = report["placement"]
+    got = {k: placement[k] for k in ("scheduler", "prefill", "decode")}
+    got["kv_bytes"] = sum(h["kv_sent_bytes"] for h in report["hosts"])
+    over = _separate(placement)
+    if before is not None:  # one engine per node: every KV byte goes from one host to another
+        after = net_bytes()
+        got["network_bytes"] = sum(after[h]["tx"] - before[h]["tx"] for h in after)
+        over = over and got["network_bytes"] >= got["kv_bytes"] > 0
+    return got | {"over_network": over}
+
+
+def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, result: dict) -> dict:
+    """HOST_RUNS across hosts, compared with `reference` into `result`: `hosts` namespaced hosts made
+    here (`dualjax.runtime.netns`), or the hosts of a hostfile (or `slurm`), started by Hydra's
+    launcher. Returns each run's `_host_run` (or why it was skipped: too few hosts). Raises
+    NetnsError where namespaced hosts cannot be made."""
     from dualjax.runtime.netns import Hosts
     from dualjax.runtime.placement import Placement, PlacementError, read_nodes
+    made = Hosts(hosts) if isinstance(hosts, int) else contextlib.nullcontext()
     runs = {}
-    with Hosts(n) as hosts:
+    with made:
+        hostfile, run = (made.hostfile, made.run) if isinstance(hosts, int) else (hosts, subprocess.run)
+        nodes, source = read_nodes(hostfile)
         for name, cluster, policy, layerwise in HOST_RUNS:
             cfg = base.replace(cluster=ClusterSpec.parse(cluster), policy=policy, layerwise=layerwise,
-                               out=os.path.join(out, name), store=os.path.join(out, name, "store"),
-                               hostfile=hosts.hostfile)
+                               out=os.path.join(out, name), store=os.path.join(out, name, "store"), hostfile=hostfile)
             try:
-                Placement.plan(cfg.cluster, *read_nodes(cfg.hostfile))
+                Placement.plan(cfg.cluster, nodes, source)
             except PlacementError as e:
                 runs[name] = {"skipped": str(e)}
                 print(f"verify: {name}: skipped ({e})", flush=True)
                 continue
-            shutil.rmtree(cfg.out, ignore_errors=True)
-            before = hosts.net_bytes()
-            proc = hosts.run(mpiexec_cmd(cfg, quiet=True), capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"verify run {name} failed on {n} hosts: {proc.stderr[-2000:]}")
-            after = hosts.net_bytes()
-            with open(os.path.join(cfg.out, "report.json")) as f:
-                report = json.load(f)
-            placement = report["placement"]
-            sent = {"network_bytes": sum(after[h]["tx"] - before[h]["tx"] for h in after),
-                    "kv_bytes": sum(h["kv_sent_bytes"] for h in report["hosts"])}
-            # one engine per node: every KV byte goes from one host to another
-            runs[name] = {k: placement[k] for k in ("scheduler", "prefill", "decode")} | sent | {
-                "over_network": _separate(placement) and sent["network_bytes"] >= sent["kv_bytes"] > 0}
+            runs[name] = _host_run(name, cfg, run, made.net_bytes if isinstance(hosts, int) else None)
             _compare(result, name, reference, tokens_of(cfg.out))
     return runs
+
+
+def hosts_arg(text: str | None) -> int | str | None:
+    """`--hosts`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`)."""
+    if text is None or text == "slurm":
+        return text
+    if not text.isdigit():
+        if not os.path.isfile(text):
+            raise ConfigError(f"--hosts: {text} is neither a number of hosts nor a hostfile")
+        return text
+    if int(text) < 2:
+        raise ConfigError(f"--hosts: at least 2 hosts, got {text}")
+    return int(text)
 
 
 def main(args) -> int:
     from dualjax.runtime.netns import NetnsError
     try:
         result = verify(args.out, quick=args.quick, model=getattr(args, "model", "tiny"),
-                        hosts=getattr(args, "hosts", None))
+                        hosts=hosts_arg(getattr(args, "hosts", None)))
     except NetnsError as e:
         print(f"dualjax verify: error: --hosts: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -74,7 +75,7 @@ class Host:
     def fail(self, tb: str) -> None:
         """End the job with this host's traceback: printed, and kept in `failed-rank<r>.txt` under the
         run's output directory, since mpiexec may end the job before it forwards a rank's stderr."""
-        text = f"[rank {self.rank} {self.role}] {tb}"
+        text = f"[rank {self.rank} {self.role} on {socket.gethostname()}] {tb}"
         print(text, file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):  # into rank 0's --out if this host sees it: never made here
             with open(os.path.join(self.cfg.out, f"failed-rank{self.rank}.txt"), "w") as f:
