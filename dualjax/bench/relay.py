@@ -7,8 +7,9 @@ saturates the link, with the priority lanes and with one FIFO lane.
 Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
 "link" is MPICH's shared-memory transport; nothing is emulated. With `--hostfile`, rank 0 runs on
 its first host and rank 1 on its second, and the link is the network between them (two namespaced
-hosts: `python -m dualjax.cli.hosts 2 -- dualjax bench relay --hostfile {hostfile}`); `hosts` and
-`shared_memory` say where the ranks ran and whether MPI gave them shared memory. The receive memory outlives the
+hosts: `python -m dualjax.cli.hosts 2 -- dualjax bench relay --hostfile {hostfile}`; the strided
+relay then packs, as a host's transport does for another host); `hosts` and `shared_memory` say
+where the ranks ran and whether MPI gave them shared memory. The receive memory outlives the
 runs (one raw receive buffer, one transport pool), as a host's does for its whole life: memory
 allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
 call that holds the progress thread and every control message behind it), for both the raw

@@ -64,14 +64,14 @@ def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bo
     return tokens_of(cfg.out)
 
 
-def _compare(result: dict, name: str, reference: dict, got: dict) -> None:
+def _compare(result: dict, name: str, reference: dict, got: dict, note: str = "") -> None:
     result["runs"].append(name)
     for key, want in reference.items():
         if got.get(key) != want:
             result["mismatches"].append({"run": name, "agent": key[0], "turn": key[1], "reference": want,
                                          "got": got.get(key)})
-    print(f"verify: {name}: {'ok' if not any(m['run'] == name for m in result['mismatches']) else 'MISMATCH'}",
-          flush=True)
+    ok = not any(m["run"] == name for m in result["mismatches"])
+    print(f"verify: {name}: {'ok' if ok else 'MISMATCH'}{note}", flush=True)
 
 
 def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None,
@@ -140,8 +140,10 @@ def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, resul
                 runs[name] = {"skipped": str(e)}
                 print(f"verify: {name}: skipped ({e})", flush=True)
                 continue
-            runs[name] = _host_run(name, cfg, run, made.net_bytes if isinstance(hosts, int) else None)
-            _compare(result, name, reference, tokens_of(cfg.out))
+            got = runs[name] = _host_run(name, cfg, run, made.net_bytes if isinstance(hosts, int) else None)
+            _compare(result, name, reference, tokens_of(cfg.out), f" (scheduler {got['scheduler']}; PE "
+                     f"{', '.join(got['prefill'])}; DE {', '.join(got['decode'])}; over the network: "
+                     f"{'yes' if got['over_network'] else 'NO'})")
     return runs
 
 
