@@ -6,7 +6,7 @@ runs under PE-only, DE-only, a random path per request and the DualPath schedule
 and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
 store-backed run must produce bit-identical generated tokens, equal to the reference's.
 
-`--hosts` checks a cluster instead: `--hosts N` on N hosts made as Linux namespaces on this machine
+`--hosts` checks a cluster instead: `--hosts N` on N hosts made as Linux namespaces of the machine verify runs on
 (`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hosts FILE` on the
 hosts of a hostfile (`slurm`: the allocation's). It runs 1P2D with DE reads (every hit block relayed
 DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as `dualjax run --hostfile`
