@@ -38,11 +38,12 @@ BENCHES = {"model": ("dualjax.bench.model", "prefill/decode throughput vs this m
 
 def cmd_run(args) -> int:
     from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
+    from dualjax.runtime.preflight import REFUSED
     cfg = from_args(RunConfig, args)
-    check_run(cfg)
+    check_run(cfg, embedded=args.embedded)
     if not args.embedded:
         rc = launch_mpi(cfg, quiet=args.quiet)
-        if rc:
+        if rc and rc != REFUSED:  # a refusal is rank 0's one line already
             print(f"dualjax run: a host failed (exit code {rc})", file=sys.stderr)
             for path in failed_hosts(cfg.out):  # mpiexec may have ended the job before it forwarded the host's print
                 with open(path) as f:
@@ -76,6 +77,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     out_flag(ver, "runs/verify", "the runs' outputs")
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     ver.add_argument("--model", default="tiny", help="model preset or checkpoint directory (default tiny)")
+    ver.add_argument("--hosts", metavar="N|FILE", help="check 1P2D and 2P2D across hosts: N made as Linux namespaces "
+                     "here (root), or a hostfile's (docs/cluster.md)")
     plan.add_parser(sub, parent)
     sim.add_parsers(sub, parent, argv)
     workload.add_parser(sub, parent)

@@ -248,11 +248,14 @@ class RunConfig(Settings):
     pe_buffer_mb: float = setting(512.0, "PE host buffer, MB")
     de_buffer_mb: float = setting(512.0, "DE host buffer, MB")
     decode_slots: int = setting(8, "sequences a decode host decodes together")
-    store: str | None = setting(None, "store directory (default: OUT/store)")
+    store: str | None = setting(None, "store directory, one that every host reaches (default: OUT/store)")
     store_gb: float | None = setting(None, "KV store byte budget in GB, LRU-evicted (default: the store filesystem's "
                                      "free space less a margin)")
     out: str = setting("runs/latest", "output directory: requests.parquet, report.json, plots (docs/report.md) "
                        "and the store unless --store")
+    hostfile: str | None = setting(None, "run across hosts: a file of one HOST[:N] per line, or 'slurm' for "
+                                   "SLURM_JOB_NODELIST; PEs take the first nodes, DEs the next, the scheduler "
+                                   "runs on the first (docs/cluster.md)")
     hash_seed: int = setting(0, "block hash seed", cli=False)
     param_seed: int = setting(0, "random-weight seed", cli=False)
     inject_failure: int | None = setting(None, "test hook: this rank raises on its first request", hidden=True)

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ def shared(d: dict, key, make):
 class Host:
     role = "host"
     reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads
+    prefill_rate: float | None = None  # a PE's measured prefill tokens/s, sent with `Warm`
 
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.created = time.perf_counter()  # start-up is reported apart from the run (`Warm`)
@@ -73,10 +75,9 @@ class Host:
     def fail(self, tb: str) -> None:
         """End the job with this host's traceback: printed, and kept in `failed-rank<r>.txt` under the
         run's output directory, since mpiexec may end the job before it forwards a rank's stderr."""
-        text = f"[rank {self.rank} {self.role}] {tb}"
+        text = f"[rank {self.rank} {self.role} on {socket.gethostname()}] {tb}"
         print(text, file=sys.stderr, flush=True)
-        with contextlib.suppress(OSError):
-            os.makedirs(self.cfg.out, exist_ok=True)
+        with contextlib.suppress(OSError):  # into rank 0's --out if this host sees it: never made here
             with open(os.path.join(self.cfg.out, f"failed-rank{self.rank}.txt"), "w") as f:
                 f.write(text)
         self.stop.set()
@@ -120,7 +121,7 @@ class Host:
             t0 = time.perf_counter()
             self.warm_up()
             now = time.perf_counter()
-            self.transport.send(0, Warm(self.rank, now - self.created, now - t0))
+            self.transport.send(0, Warm(self.rank, now - self.created, now - t0, self.prefill_rate))
             while not self.stop.is_set():
                 got = self.transport.recv(timeout=0.1)
                 if got is None:

@@ -141,8 +141,12 @@ STALLS_TO_WAIT = 3  # stalled received pieces in a row that show MPI moves KV on
 
 # MPICH settings for the ranks of this transport, where the environment leaves them unset: a thread
 # waiting inside MPI yields its core at every poll (MPICH's default: every 1,000), so the threads that
-# share the core (storage reads, the model, the host's own loop) are not held off while KV is in flight
-MPICH_ENV = {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
+# share the core (storage reads, the model, the host's own loop) are not held off while KV is in flight.
+# Between hosts over UCX, a KV piece goes by rendezvous (its bytes move once the receiver posts it, so the
+# receiver sets the pace and a control message waits behind at most `window` pieces): over TCP, UCX's own
+# threshold sent 2 MiB eagerly, every send completing at once, and control messages queued behind every
+# layer handed to MPI (docs/cluster.md). It changes nothing within a host (MPICH's shared memory).
+MPICH_ENV = {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "UCX_RNDV_THRESH": "64K"}
 
 
 def comm_world():
@@ -161,12 +165,15 @@ class MpiTransport(Transport):
     waits_inside_mpi = False
 
     def __init__(self, comm, priority: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 window: int = DEFAULT_WINDOW, pool: BufferPool | None = None):
+                 window: int = DEFAULT_WINDOW, pool: BufferPool | None = None, pack_to: frozenset[int] = frozenset()):
+        """`pack_to`: ranks on other hosts. Strided KV to them is gathered into one pooled buffer by
+        `send` (the caller's thread) and sent as bytes: MPICH's datatype path over a network netmod
+        (UCX packing in small fragments) relayed a layer of Full Blocks at a third of a plain `Send`."""
         super().__init__()
         from mpi4py import MPI  # imported here so in-process runs never load MPI
 
         self.MPI, self.comm, self.rank, self.size = MPI, comm, comm.Get_rank(), comm.Get_size()
-        self.priority, self.chunk_bytes, self.window = priority, chunk_bytes, window
+        self.priority, self.chunk_bytes, self.window, self.pack_to = priority, chunk_bytes, window, pack_to
         self.pool = pool or BufferPool()
         self._ctrl: collections.deque = collections.deque()
         self._kv: collections.deque = collections.deque()
@@ -202,6 +209,10 @@ class MpiTransport(Transport):
         if dst == self.rank:
             self._inbox.put((self.rank, msg))
             return
+        if dst in self.pack_to and isinstance(msg, LayerKV) and _byte_rows(msg.kv) is not None:
+            packed = self.pool.take(msg.kv.nbytes).view(msg.kv.dtype).reshape(msg.kv.shape)
+            packed[...] = msg.kv
+            msg = dataclasses.replace(msg, kv=packed)
         with self._lock:
             (self._kv if getattr(msg, "bulk", False) and self.priority else self._ctrl).append((dst, msg))
         self._wake_up()

@@ -2,11 +2,13 @@
 equal a reference that recomputes every prompt; faults recompute; failures end the job."""
 
 import glob
+import importlib.resources
 import json
 import os
 import subprocess
 import sys
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -129,6 +131,9 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
     report = json.load(open(out / "report.json"))
     assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
     assert tokens_of(str(out)) == reference
+    schema = json.loads(importlib.resources.files("dualjax").joinpath("report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)  # placement and each rank's devices included
+    assert [r["role"] for r in report["runtime"]["placement"]["ranks"]] == ["scheduler", "prefill", "decode", "decode"]
 
 
 def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
