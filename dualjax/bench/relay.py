@@ -123,7 +123,8 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
 
 def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     from dualjax.runtime.buffers import BufferPool
-    from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
+    from dualjax.runtime.transport import MpiTransport, comm_world
+    from dualjax.runtime.transport.receiver import DEFAULT_WINDOW
     comm = comm_world()
     tokens = 2048 if quick else 4096
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
@@ -199,7 +200,7 @@ def main(argv=None) -> dict:
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.under_mpi:
-        from dualjax.runtime.transport import DEFAULT_CHUNK_BYTES
+        from dualjax.runtime.transport.sender import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
         return {}
     from dualjax.runtime.launch import mpiexec

@@ -1,12 +1,8 @@
 """Data-plane invariants: receive buffers are reused only when nothing holds them; host buffers are
 page-aligned, so a CPU device takes a layer without a copy; a request's layer-major host buffer
-reads, writes and views exactly as the Full Blocks it stands for; both transports deliver every
-array bit-exact; control traffic is counted in bytes."""
+reads, writes and views exactly as the Full Blocks it stands for; the benchmarks' keys."""
 
 import os
-import pickle
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -15,12 +11,7 @@ import pytest
 import kvstore as kv
 import models
 from dualjax.runtime.buffers import ALIGN, BufferPool, HostBuffer, RequestKV, aligned_empty
-from dualjax.runtime.launch import mpiexec
-from dualjax.runtime.messages import LayerKV, Ready
 from dualjax.runtime.store import layout_for
-from dualjax.runtime.transport import InProcFabric
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_pool_reuses_a_buffer_only_after_every_view_is_gone():
@@ -113,49 +104,6 @@ def test_store_reads_land_bit_exact_in_the_layer_major_buffer(tmp_path, tiny_lay
         assert nic.read(store, [b.hash for b in ids], out=rkv.blocks, layer_major=layer_major).wait() == len(ids)
         assert np.array_equal(rkv.blocks, blocks)
     nic.close()
-
-
-def test_inproc_transport_counts_control_in_bytes_and_copies_kv():
-    fabric = InProcFabric(2)
-    t, kv = fabric.transport(0), np.arange(5 * 2 * 2 * 4, dtype=np.float32).reshape(5, 2, 2, 4)
-    t.send(1, Ready(3))
-    t.send(1, LayerKV(3, 0, 0, kv[:, ::-1]))  # not contiguous
-    assert t.sent_bytes["control"] == len(pickle.dumps(Ready(3), protocol=pickle.HIGHEST_PROTOCOL))
-    assert t.sent_bytes["kv"] == 5 * 2 * 2 * 4 * 4
-    got = [fabric.transport(1).recv(timeout=1)[1] for _ in range(2)]
-    assert np.array_equal(got[1].kv, kv[:, ::-1]) and not np.shares_memory(got[1].kv, kv)
-
-
-def _cma() -> bool:
-    """Whether MPICH moves a large same-host message in one copy here (CMA): it does unless told
-    not to or Yama's ptrace_scope is set."""
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            scope = int(f.read())
-    except OSError:
-        scope = 0
-    return scope == 0 and os.environ.get("MPIR_CVAR_CH4_CMA_ENABLE") != "0"
-
-
-@pytest.mark.parametrize("mode", ["poll", "wait", "late"])
-def test_mpi_transport_delivers_every_array_bit_exact(mode):
-    """Both ways at once, with the progress threads polling, or waiting inside MPI (where the bell
-    after every header is what lets a waiting rank post the receives its peer's KV needs), or with
-    one rank late to take its peer's KV, which must not make the peer think MPI stalls (with CMA: without
-    it, a rank may rightly find its received pieces stalled)."""
-    if mode == "late" and not _cma():
-        pytest.skip("MPICH has no single-copy transfers here: pieces may stall")
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_transport.py",
-                           mode], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "ok"
-
-
-def test_mpi_transport_takes_a_message_in_when_a_sleeping_rank_wakes():
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_idle_wakeup.py"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "ok"
 
 
 @pytest.mark.slow

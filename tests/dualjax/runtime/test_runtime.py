@@ -129,38 +129,6 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
     assert tokens_of(str(out)) == reference
 
 
-def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
-    """Priority lanes: control overtakes the KV, bulk stays in order. One FIFO lane (the relay
-    benchmark's baseline) sends in submission order; a receiver delivers control as it comes and
-    bulk once complete, so there only the bulk order is fixed."""
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_lanes.py"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    priority, fifo = proc.stdout.split()
-    assert priority == "Ready,Ready,LayerKV,PrefillDone"
-    assert [m for m in fifo.split(",") if m != "Ready"] == ["LayerKV", "PrefillDone"] and fifo.count("Ready") == 2
-
-
-@pytest.mark.parametrize("priority", [True, False])
-def test_the_relay_backlog_counts_kv_not_control_messages(priority):
-    """`wait_backlog` (a relay keeping N layers queued) counts bulk messages only, queued or with KV
-    in flight: on the FIFO lane too, where control and KV share one queue, a queued ping must not
-    hold the next layer back."""
-    import collections
-
-    from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
-    from dualjax.runtime.transport import MpiTransport
-    t = MpiTransport.__new__(MpiTransport)  # the queues alone: no MPI, no progress thread
-    t.priority, t._outstanding, t._starting = priority, 0, False
-    kv = [(1, LayerKV(7, 0, 0, np.zeros((4, 2, 2, 16), np.float32))), (1, PrefillDone(7, 0, 1, {}))]
-    control = [(1, Ready(7)), (1, Ready(8)), (1, Ready(9))]
-    t._kv = collections.deque(kv if priority else [])
-    t._ctrl = collections.deque(control if priority else [kv[0], *control, kv[1]])
-    assert t._backlog() == 2
-    t._outstanding = 1  # a layer handed to MPI whose pieces are not all through counts too
-    assert t._backlog() == 3
-
-
 @pytest.mark.parametrize("argv,message", [
     (["--cluster", "2x3"], "unknown cluster"),
     (["--cluster", "0p1d"], "at least one prefill"),
