@@ -1,5 +1,5 @@
 """Runtime invariants: tokens do not depend on the read path, layerwise mode or launcher, and
-equal a reference that recomputes every prompt; faults recompute; failures end the job."""
+equal a reference that recomputes every prompt; faults recompute; a failing host ends the job."""
 
 import glob
 import json
@@ -13,8 +13,10 @@ import pytest
 from dualjax.cli import main as cli
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.runtime.decode_host import DecodeHost
 from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
+from tests.dualjax.runtime.failing_host import failing
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -95,24 +97,29 @@ def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, policy):
     assert tokens == reference
 
 
-def test_a_failing_host_ends_the_embedded_run(tmp_path):
+def test_failing_host_ends_embedded_run(tmp_path, monkeypatch):
+    """A host that raises ends the run with its traceback, kept in its run directory (and an
+    earlier run's is not taken for it)."""
+    monkeypatch.setattr(DecodeHost, "handle", failing(DecodeHost.handle))
     stale = tmp_path / "fail" / "failed-rank1.txt"  # left by an earlier run in the same directory
     stale.parent.mkdir()
     stale.write_text("an earlier failure")
     with pytest.raises(HostFailure, match="injected failure on rank 2"):
-        _run(tmp_path, "fail", inject_failure=2)
+        _run(tmp_path, "fail")
     assert failed_hosts(str(tmp_path / "fail")) == [str(tmp_path / "fail" / "failed-rank2.txt")]
     assert "injected failure on rank 2" in (tmp_path / "fail" / "failed-rank2.txt").read_text()
 
 
-def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
-    argv = ["run", "--cluster", "1p1d", "--agents", "2", "--turns", "1", "--inject-failure", "1", "--quiet",
-            "--out", str(tmp_path / "mpi")]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True,
-                          timeout=240)
+def test_failing_host_ends_mpi_job(tmp_path):
+    """Under mpiexec, a host that raises ends the whole job (no hang) with its traceback, on stderr
+    and in its run directory (`dualjax run` prints that file after the job: tests/dualjax/cli)."""
+    argv = ["--cluster", "1p1d", "--agents", "2", "--turns", "1", "--quiet", "--out", str(tmp_path / "mpi")]
+    script = "tests/dualjax/runtime/failing_host.py"
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", script, *argv],
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
-    assert "failed-rank1.txt" in proc.stderr  # printed by the launcher too: mpiexec may drop the rank's own
+    assert "injected failure on rank 1" in (tmp_path / "mpi" / "failed-rank1.txt").read_text()
 
 
 def test_mpiexec_run_matches_the_reference(tmp_path, reference):
