@@ -181,13 +181,12 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
                      "receiver keeps); relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight), each run's transport receiving into one pool kept across the runs, as a host's "
                      "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
-                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "
-                     "2026-12-02); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
+                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, memory new to the "
+                     "process); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
                      "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
                      f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per run, "
                      f"{LATENCY_ROUNDS} runs per lane alternating the lanes; control_p*_ms_* pool every run's pings "
-                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99 "
-                     "(until 2026-12-01 the bench ran one run per lane: its figure was the first round's); "
+                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99; "
                      "FIFO = one lane in submission order.",
         }
         with open(out_path, "w") as f:
