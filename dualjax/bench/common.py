@@ -97,7 +97,7 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
     benchmarks' raw yardstick at the store's own parallelism). With `checksum_bytes`, each thread
     reads `VERIFY_BYTES` at a time and runs XXH3 over each `checksum_bytes` piece right after it
     lands, as the store verifies its reads: the least a checked read costs here when the kernel
-    makes the copy (a copy with non-temporal stores can beat it: docs/dataplane.md).
+    makes the copy (a copy with non-temporal stores can beat it).
     `direct`: the file opened `O_DIRECT` (past the page cache, as the store reads cold blocks; `buf`
     page-aligned, each share a whole number of pages)."""
     view = buf.reshape(-1).view(np.uint8)

@@ -60,11 +60,11 @@ from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
-from dualjax.runtime.transport import BUSY_POLL_S, IDLE_MAX_S
+from dualjax.runtime.transport.mpi import BUSY_POLL_S, IDLE_MAX_S
 
 # Ratios are medians of each trial's ratio: of two that is their mean, so one stage stalled once (a VM's
-# stolen time: a relay stage of 65 ms against 11-16 ms, seen on 2026-12-03) decided `de_vs_bound`
-# (2.65); of three, one stall cannot.
+# stolen time can make a relay stage of 11-16 ms take 65 ms) would decide `de_vs_bound`; of three, one
+# stall cannot.
 MIN_TRIALS = 3
 
 

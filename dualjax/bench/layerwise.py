@@ -183,7 +183,7 @@ def main(argv=None, args=None) -> dict:
     result["notes"] = (
         "Trials interleaved; times are medians, ratios medians of per-trial ratios. Storage NIC cap emulated, "
         "set so load ~= compute (the hardest case); reads really come "
-        "from the store on disk; compute on CPU in float32, sharing this 2-core machine with the reads. Layer-by-layer "
+        "from the store on disk; compute on CPU in float32, sharing the machine's cores with the reads. Layer-by-layer "
         "pipelining has a fill cost: with load = compute the best wall is (L+1)/L of either, so the ideal "
         "efficiency is L/(L+1) (0.8 for the 4-layer `small`, 0.94 for 16 layers; real models have 16-64). "
         "peak_kv_layers counts live device arrays of the per-layer prefix KV (padded to the prefix bucket).")

@@ -130,7 +130,8 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
 
 def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     from dualjax.runtime.buffers import BufferPool
-    from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
+    from dualjax.runtime.transport import MpiTransport, comm_world
+    from dualjax.runtime.transport.receiver import DEFAULT_WINDOW
     comm = comm_world()
     from mpi4py import MPI  # initialized by comm_world, with its settings
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() > 1
@@ -193,14 +194,13 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
                      "receiver keeps); relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight), each run's transport receiving into one pool kept across the runs, as a host's "
                      "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
-                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "
-                     "2026-12-02); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
+                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, memory new to the "
+                     "process); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
                      "with an MPI datatype on one host, gathered into one buffer first between hosts); best of 5, "
                      "interleaved. Control: a ping every 1 ms while the relay "
                      f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per run, "
                      f"{LATENCY_ROUNDS} runs per lane alternating the lanes; control_p*_ms_* pool every run's pings "
-                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99 "
-                     "(until 2026-12-01 the bench ran one run per lane: its figure was the first round's); "
+                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99; "
                      "FIFO = one lane in submission order.",
         }
         with open(out_path, "w") as f:
@@ -216,7 +216,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv=None, args=None) -> dict:
     args = bench_args("relay", __doc__, add_arguments, argv, args)
     if args.under_mpi:
-        from dualjax.runtime.transport import DEFAULT_CHUNK_BYTES
+        from dualjax.runtime.transport.sender import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
         return {}
     from dualjax.runtime.launch import mpiexec

@@ -88,12 +88,11 @@ def use_compile_cache(environ=None) -> str | None:
 
 
 def setting(default, help: str, *, flag: str | None = None, negate: str | None = None, parse=None,
-            cli: bool = True, hidden: bool = False, factory=None):
+            cli: bool = True, factory=None):
     """A config field with its flag: `flag` overrides the name (default --field-name), `negate`
     makes a store_false flag of that name for a True-default bool, `parse` turns the flag's text
-    into the value, `cli=False` keeps it off the command line (a programmatic setting), `hidden`
-    keeps it out of --help (a test hook)."""
-    meta = {"help": help, "flag": flag, "negate": negate, "parse": parse, "cli": cli, "hidden": hidden}
+    into the value, `cli=False` keeps it off the command line (a programmatic setting)."""
+    meta = {"help": help, "flag": flag, "negate": negate, "parse": parse, "cli": cli}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -121,11 +120,9 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = (
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = getattr(default, "name", default)
         help_ = f"{f.metadata['help']} (default: {shown})" if default is not None else f.metadata["help"]
-        if f.metadata.get("hidden"):
-            help_ = argparse.SUPPRESS
         if f.metadata.get("negate"):
             parser.add_argument(_flag(f), dest=f.name, action="store_false", default=default,
-                                help=argparse.SUPPRESS if f.metadata.get("hidden") else f.metadata["help"])
+                                help=f.metadata["help"])
         elif typ is bool:
             parser.add_argument(_flag(f), dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_)
@@ -258,7 +255,6 @@ class RunConfig(Settings):
                                    "runs on the first (docs/cluster.md)")
     hash_seed: int = setting(0, "block hash seed", cli=False)
     param_seed: int = setting(0, "random-weight seed", cli=False)
-    inject_failure: int | None = setting(None, "test hook: this rank raises on its first request", hidden=True)
 
     def __post_init__(self):
         super().__post_init__()

@@ -54,7 +54,6 @@ class Host:
         self.snic = kvstore.StorageNIC(f"{self.role}{self.rank}", cap) if cfg.use_store else None
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.requests_seen = 0
         self.pending_read_tokens = 0  # hit tokens this host will read, not yet queued at its NIC
         if self.snic:
             self.spawn(self._report_loop, name="report")
@@ -105,11 +104,6 @@ class Host:
             if q != last:
                 self.transport.send(0, EngineState(self.rank, q))
                 last = q
-
-    def maybe_inject_failure(self) -> None:
-        self.requests_seen += 1
-        if self.cfg.inject_failure == self.rank and self.requests_seen == 1:
-            raise RuntimeError(f"injected failure on rank {self.rank} ({self.role})")
 
     # -- message loop ------------------------------------------------------------------------------
     def warm_up(self) -> None:

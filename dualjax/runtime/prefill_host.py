@@ -131,7 +131,6 @@ class PrefillHost(Host):
             try:
                 while True:  # take what was admitted; wait a little only when idle
                     a, rkv, ticket, nbytes = self.work_q.get(timeout=0.05 if not rows else 0.0)
-                    self.maybe_inject_failure()
                     rows.append(_Row(a, rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket)))
             except queue.Empty:
                 pass
