@@ -23,6 +23,7 @@ per block, one `file` key per block, OCDBT) so the format choice is measured, no
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
@@ -38,10 +39,10 @@ import tensorstore as ts
 import kvstore as kv
 import models
 from dualjax.bench.common import (
+    bench_args,
     drop_page_cache,
     emit,
     load_page_cache,
-    parser,
     raw_parallel_read,
     show_progress,
     trials_within,
@@ -318,14 +319,16 @@ def backend_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, b
             "tensorstore_trials": len(times["posix_read"])}
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "kvstore")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=output_dir,
                    help="directory on the disk to measure (default: a temp dir under the cwd)")
     p.add_argument("--budget-s", type=number(low_ok=True), default=None,
                    help="seconds of trials per phase (warm reads, writes; cold reads half of it, the other "
                         "formats all together), after which no new trial starts (default 20, 5 with --quick)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("kvstore", __doc__, add_arguments, argv, args)
     t_start = time.perf_counter()
     show_progress()
     small, big = layout_for(models.get_config("small")), layout_for(models.get_config("qwen2.5-32b"))

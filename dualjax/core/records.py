@@ -107,17 +107,16 @@ class HostStats:
     decode_steps: int | None = None  # DE only
 
     def to_json(self) -> dict:
-        """The host's entry in report.json (None fields left out; the storage series is reported apart)."""
+        """The host's entry in report.json: every key, null where this host (real or simulated) does not
+        measure it (the storage series is reported apart)."""
         out = {"rank": self.rank, "role": self.role, "kv_sent_bytes": self.kv_sent_bytes,
                "control_sent_bytes": self.control_sent_bytes,
                "storage_bytes": self.snic.bytes_read if self.snic else 0,
-               "bytes_written": self.store.bytes_written if self.store else 0}
-        if self.store is not None and self.store.counters:
-            out["store"] = dict(self.store.counters)
+               "bytes_written": self.store.bytes_written if self.store else 0,
+               "store": dict(self.store.counters) if self.store is not None and self.store.counters else None}
         for f in ("busy_s", "buffer_peak_bytes", "buffer_budget_bytes", "passes", "pass_s", "pass_predicted_s",
                   "pack_fit", "decode_steps"):
-            if getattr(self, f) is not None:
-                out[f] = getattr(self, f)
-        if self.pass_shapes is not None:
-            out["pass_shapes"] = [t.to_json() for t in sorted(self.pass_shapes, key=lambda t: t.shape)]
+            out[f] = getattr(self, f)
+        out["pass_shapes"] = (None if self.pass_shapes is None else
+                              [t.to_json() for t in sorted(self.pass_shapes, key=lambda t: t.shape)])
         return out

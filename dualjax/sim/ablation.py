@@ -38,16 +38,17 @@ def ablation(cfg: SimConfig, log=print, steps: tuple[str, ...] | None = None) ->
         if steps is not None and name not in steps:
             continue
         r = simulate(dataclasses.replace(cfg, layerwise=None, **changes), progress=False)
+        own = r["sim"]
         out["jct_s"][name] = r["jct_s"]
         out["snic_max_over_avg"][name] = r["snic_max_over_avg"]
         out["steps"][name] = {
             **changes, "requests": r["requests"], "tokens_per_s": r["tokens_per_s"], "ttft_s": r["ttft_s"],
-            "tpot_s": r["tpot_s"], "ttst_s": r["ttst_s"], "paths": r["paths"], "prefill": r["prefill"],
-            "utilisation": r["utilisation"], "wall_s": r["wall_s"]}
+            "tpot_s": r["tpot_s"], "ttst_s": r["ttst_s"], "paths": r["paths"], "prefill": own["prefill"],
+            "utilisation": own["utilisation"], "wall_s": own["wall_s"]}
         log(f"  {name:12s} JCT {r['jct_s']:9.1f} s  TTFT p50 {r['ttft_s']['p50']:7.2f} s  TPOT p50 "
-            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {r['prefill']['rows_per_pass'] or 0:5.2f}  "
-            f"SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  busiest {r['utilisation']['binding']}  "
-            f"({r['wall_s']:.0f} s)")
+            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {own['prefill']['rows_per_pass'] or 0:5.2f}  "
+            f"SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  busiest {own['utilisation']['binding']}  "
+            f"({own['wall_s']:.0f} s)")
     if "basic" in out["jct_s"]:
         base = out["jct_s"]["basic"]
         out["vs_basic"] = {k: v / base - 1 for k, v in out["jct_s"].items()}
