@@ -29,7 +29,6 @@ PENDING = {
     ("docs/simulator.md", "core/workload.py"),
     ("docs/simulator.md", "core/workload.py:PAPER_FIT"),
     ("docs/simulator.md", "cli/plan.py"),
-    ("docs/workloads.md", "../shared/traces/agentic-coding/"),  # outside the repository
 }
 
 TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci"}
