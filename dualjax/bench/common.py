@@ -18,7 +18,7 @@ import xxhash
 
 from dualjax.outputs import output_file
 from kvstore.pagecache import DIRECT_ALIGN, set_direct
-from kvstore.reads import VERIFY_BYTES
+from kvstore.preads import VERIFY_BYTES
 
 
 def show_progress() -> None:

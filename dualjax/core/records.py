@@ -52,7 +52,8 @@ class StoreCounters:
     """What the KV store saw, per host and summed under report.json's `store`: blocks read and
     verified, bad blocks (corrupt, truncated, missing data: read as misses and recomputed), misses
     (no index entry at read time), index entries invalidated, write-backs that failed (disk full,
-    I/O error, permission: blocks left uncached) and blocks evicted by the byte budget."""
+    I/O error, permission: blocks left uncached), blocks evicted by the byte budget, and times the
+    store's own metadata was found damaged and rebuilt or set aside (each reported by one host)."""
 
     blocks_read: int = 0
     bad_blocks: int = 0
@@ -60,6 +61,7 @@ class StoreCounters:
     invalidated: int = 0
     write_failures: int = 0
     evicted: int = 0
+    recovered: int = 0
 
     @classmethod
     def from_counts(cls, counts: dict) -> StoreCounters:

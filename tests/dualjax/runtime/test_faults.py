@@ -24,7 +24,7 @@ import pytest
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.runtime.launch import run_embedded
-from kvstore.files import SegmentFiles
+from kvstore.posix import PosixBackend
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=2, turns=3, policy="dualpath")
 ARGV = ["--model", "tiny", "--workload", "agentic-tiny", "--agents", "2", "--turns", "3", "--policy", "dualpath",
@@ -127,7 +127,7 @@ def test_bad_index_entries_are_misses(tmp_path, filled, reference, fault):
 
 def test_full_disk_mid_run(tmp_path, reference, monkeypatch, caplog):
     """A full disk mid-run leaves blocks uncached and the run completes."""
-    real, calls = SegmentFiles.write, []
+    real, calls = PosixBackend.write, []
 
     def full_after_two(self, todo):
         calls.append(len(todo))
@@ -135,7 +135,7 @@ def test_full_disk_mid_run(tmp_path, reference, monkeypatch, caplog):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return real(self, todo)
 
-    monkeypatch.setattr(SegmentFiles, "write", full_after_two)
+    monkeypatch.setattr(PosixBackend, "write", full_after_two)
     with caplog.at_level(logging.WARNING, logger="kvstore.store"):
         c = _check("disk full mid-run (injected ENOSPC)", *_run(tmp_path, "full", store=str(tmp_path / "s")),
                    reference)
