@@ -1,5 +1,12 @@
-"""Run outputs: `requests.jsonl` (one line per request), `report.json` (run metrics, from
-`dualjax.core.report`) and the plots, for real runs and simulations alike."""
+"""Run outputs, one format for real runs and simulations (docs/report.md): `requests.parquet` (the
+request table, one row per request), `report.json` (run metrics, from `dualjax.core.report`) and two
+plots, written by `write_run` and read back by `load_run`.
+
+The table is Parquet (zstd): columnar and compressed, so a simulated run of millions of requests stays
+a few hundred MB and loads in seconds, and pandas, polars, DuckDB, R and Spark read it without dualjax;
+a list column holds a real run's generated token ids. Each column's unit and meaning travel in the
+file's schema metadata, and the file's metadata names its schema version and kind of run.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +14,20 @@ import argparse
 import dataclasses
 import json
 import os
-import zipfile
+from typing import NamedTuple
 
 import numpy as np
 
 from dualjax.core.records import HostStats
-from dualjax.core.report import columns, normalise, summarize
+from dualjax.core.report import REQUEST_COLUMNS, SCHEMA_VERSION, balance_over_time, columns, normalise
 from dualjax.plots import plot_run
+
+TABLE, REPORT = "requests.parquet", "report.json"
+KINDS = ("real", "simulated")
 
 
 class OutputError(FileNotFoundError):
-    """A directory that holds no run outputs, or damaged ones."""
+    """A directory that holds no run outputs, damaged ones, or outputs of another schema version."""
 
 
 def unwritable_dir(path: str) -> str | None:
@@ -68,64 +78,147 @@ def _on_run_clock(h: HostStats, t0: float) -> HostStats:
     return dataclasses.replace(h, snic=dataclasses.replace(h.snic, series=series))
 
 
-def write_report(out_dir: str, cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: str,
-                 slo: tuple[float, float], extra: dict | None = None) -> dict:
-    """report.json (plus `extra` keys) and the plots under `out_dir`; returns the report."""
+def real_columns(records: list[dict], hosts: list[HostStats]) -> tuple[dict[str, np.ndarray], list[HostStats]]:
+    """A real run's request table and host stats on the run's clock (seconds since the first arrival),
+    from the driver's records (wall times). Does not modify `records` or `hosts`."""
+    t0 = min(r["arrival"] for r in records)
+    return columns(normalise(records)), [_on_run_clock(h, t0) for h in hosts]
+
+
+# -- the request table ---------------------------------------------------------------------------------
+
+def _arrow_table(cols: dict[str, np.ndarray], kind: str):
+    """The request table as an Arrow table: REQUEST_COLUMNS' order and types, NaN -> null, units in the schema."""
+    import pyarrow as pa
+    arrays, fields = [], []
+    for k, (typ, unit, meaning) in REQUEST_COLUMNS.items():
+        v = cols[k]
+        if typ == "float":
+            a = pa.array(v, pa.float64(), mask=np.isnan(v))
+        elif typ == "int":
+            a = pa.array(v, pa.int64())
+        elif typ == "str":
+            a = pa.array(v.astype(str), pa.string()).dictionary_encode()
+        else:
+            a = _id_lists(v)
+        arrays.append(a)
+        fields.append(pa.field(k, a.type, metadata={"unit": unit, "meaning": meaning}))
+    meta = {"dualjax.schema_version": str(SCHEMA_VERSION), "dualjax.kind": kind}
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+
+
+def _id_lists(v: np.ndarray):
+    """An object array of int arrays (None: null) as an Arrow list<int32> array, built from offsets."""
+    import pyarrow as pa
+    present = np.array([x is not None for x in v], bool)
+    lengths = np.array([len(x) if x is not None else 0 for x in v], np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = np.concatenate([np.asarray(x, np.int32) for x in v if x is not None] or [np.zeros(0, np.int32)])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()),
+                                    mask=pa.array(~present) if not present.all() else None)
+
+
+def write_table(path: str, cols: dict[str, np.ndarray], kind: str) -> None:
+    """The request table `cols` (every column of REQUEST_COLUMNS) as a Parquet file."""
+    import pyarrow.parquet as pq
+    pq.write_table(_arrow_table(cols, kind), path, compression="zstd")
+
+
+def read_table(path: str, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Columns of a request table file as NumPy arrays: floats (null -> NaN), int64, `path` as str,
+    `generated` as an object array of int32 arrays (None where null)."""
+    import pyarrow.parquet as pq
+    table = pq.read_table(path, columns=columns)
+    out = {}
+    for k in table.column_names:
+        col = table.column(k)
+        typ = REQUEST_COLUMNS.get(k, ("",))[0]
+        if typ == "ids":
+            out[k] = _lists_to_numpy(col.combine_chunks())
+        elif typ == "str":  # dictionary-encoded: its few values indexed, not a Python string per row
+            d = col.combine_chunks()
+            out[k] = np.asarray(d.dictionary.to_pylist(), dtype=str)[d.indices.to_numpy()] if len(d) else \
+                np.zeros(0, dtype=str)
+        else:
+            out[k] = col.to_numpy()
+    return out
+
+
+def _lists_to_numpy(a) -> np.ndarray:
+    out = np.empty(len(a), dtype=object)
+    if a.null_count == len(a):
+        return out
+    offsets, values = a.offsets.to_numpy(), a.values.to_numpy(zero_copy_only=False)
+    valid = ~a.is_null().to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(valid):
+        out[i] = values[offsets[i]:offsets[i + 1]]
+    return out
+
+
+# -- a run directory -----------------------------------------------------------------------------------
+
+def write_run(out_dir: str, cols: dict[str, np.ndarray], report: dict) -> None:
+    """A run's request table, report.json and plots (storage.png, ttft_cdf.png) under `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
-    report = summarize(cols, hosts, cfg, policy, slo)
-    report.update(extra or {})
-    report["storage_series"] = {f"{h.role}{h.rank}": h.snic.series for h in hosts if h.snic is not None}
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
+    write_table(os.path.join(out_dir, TABLE), cols, report["kind"])
+    with open(os.path.join(out_dir, REPORT), "w") as f:
         json.dump(report, f, indent=1)
     plot_run(out_dir, report, cols["ttft"])
+
+
+class Run(NamedTuple):
+    """A run read back: its report.json and its request table (NumPy columns by name)."""
+
+    report: dict
+    requests: dict[str, np.ndarray]
+
+
+def load_report(run_dir: str) -> dict:
+    """report.json of a run directory, checked to be a real or simulated run of this schema version."""
+    path = os.path.join(run_dir, REPORT)
+    if not os.path.exists(path):
+        raise OutputError(f"{run_dir}: no {REPORT} (is it a run's --out directory?)")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except OSError as e:
+        raise OutputError(f"{path}: {e.strerror}") from None
+    except ValueError as e:
+        raise OutputError(f"{path} is damaged: {e}") from None
+    if not isinstance(report, dict) or report.get("kind") not in KINDS:
+        raise OutputError(f"{path} is neither a real nor a simulated dualjax run (no kind real or simulated)")
+    if report.get("schema_version") != SCHEMA_VERSION:
+        raise OutputError(f"{path} has schema version {report.get('schema_version')!r}; this dualjax reads "
+                          f"version {SCHEMA_VERSION} (docs/report.md)")
     return report
 
 
-def write_run(out_dir: str, records: list[dict], hosts: list[HostStats], cfg, policy: str,
-              slo: tuple[float, float], extra: dict | None = None) -> dict:
-    """A real run's requests.jsonl, report.json (plus `extra` keys) and plots under `out_dir`;
-    returns the report. Does not modify `records` or `hosts`."""
-    os.makedirs(out_dir, exist_ok=True)
-    t0 = min(r["arrival"] for r in records)
-    hosts = [_on_run_clock(h, t0) for h in hosts]
-    records = normalise(records)
-    with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    return write_report(out_dir, columns(records), hosts, cfg, policy, slo, extra)
-
-
-def load_ttft(run_dir: str) -> np.ndarray:
-    """Per-request TTFT of a run directory: from requests.jsonl, or a simulation's requests.npz."""
-    npz = os.path.join(run_dir, "requests.npz")
-    path = npz if os.path.exists(npz) else os.path.join(run_dir, "requests.jsonl")
+def load_run(run_dir: str, columns: list[str] | None = None) -> Run:
+    """(report, request table) of a real run's or a simulation's --out directory; `columns` reads only
+    those columns of the table (e.g. ["ttft"]). Raises OutputError naming what is wrong."""
+    report = load_report(run_dir)
+    path = os.path.join(run_dir, TABLE)
+    if not os.path.exists(path):
+        raise OutputError(f"{run_dir}: no {TABLE} beside its {REPORT}")
+    unknown = sorted(set(columns or ()) - set(REQUEST_COLUMNS))
+    if unknown:
+        raise OutputError(f"no column {', '.join(unknown)} in a request table (docs/report.md)")
+    import pyarrow as pa
     try:
-        if path == npz:
-            with np.load(npz) as z:
-                return z["ttft"]
-        with open(path) as f:
-            return np.array([json.loads(line)["ttft"] for line in f], float)
-    except OSError as e:
-        raise OutputError(f"{path}: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:  # cut short, not JSON, no TTFT
-        raise OutputError(f"{path} is damaged: {e!r}") from None
+        return Run(report, read_table(path, columns))
+    except (OSError, pa.ArrowException) as e:  # not Parquet, cut short, unreadable
+        raise OutputError(f"{path} is damaged: {str(e).splitlines()[0][:200]}") from None
 
 
-REPORT_KEYS = ("config", "policy", "jct_s")  # what `dualjax report` and the comparison plot read first
-
-
-def load_run(run_dir: str) -> tuple[dict, np.ndarray]:
-    """(report, per-request TTFT) of a run's or a simulation's --out directory."""
-    report_path = os.path.join(run_dir, "report.json")
-    if not os.path.exists(report_path):
-        raise OutputError(f"{run_dir}: no report.json (is it a run's --out directory?)")
-    try:
-        with open(report_path) as f:
-            report = json.load(f)
-    except OSError as e:
-        raise OutputError(f"{report_path}: {e.strerror}") from None
-    except ValueError as e:
-        raise OutputError(f"{report_path} is damaged: {e}") from None
-    if not isinstance(report, dict) or any(k not in report for k in REPORT_KEYS):
-        raise OutputError(f"{report_path} is not a dualjax run's report (no {', '.join(REPORT_KEYS)})")
-    return report, load_ttft(run_dir)
+def comparison(named: list[tuple[str, Run]]) -> list[dict]:
+    """What `plots.plot_compare` draws of each (name, run): JCT, per-request TTFT and the storage-NIC
+    balance over time, in windows of a sixtieth of the run (at least the series' resolution)."""
+    out = []
+    for name, (report, requests) in named:
+        series = list(report["storage_series"].values())
+        step = report["sim"]["config"]["window_s"] if report["sim"] else 0.05  # a simulation's series' resolution
+        t, ratio = balance_over_time(series, max(report["jct_s"] / 60, step)) if series else (np.zeros(0),) * 2
+        balance = (t[t < report["jct_s"]], ratio[t < report["jct_s"]])
+        out.append({"name": name, "kind": report["kind"], "jct_s": report["jct_s"], "ttft": requests["ttft"],
+                    "balance": balance})
+    return out

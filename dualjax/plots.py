@@ -67,18 +67,26 @@ def _cdf(ax, values, label) -> None:
     ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
 
 
-def plot_compare(path: str, runs: list[tuple[str, dict, np.ndarray]]) -> None:
-    """One figure comparing runs (name, report, per-request TTFT): JCT per run and TTFT CDFs."""
+def plot_compare(path: str, runs: list[dict]) -> None:
+    """One figure comparing runs, real and simulated alike: JCT per run, TTFT CDFs, and the storage
+    NICs' max/avg over time (1.0: every NIC read as much). Each run: name, kind, jct_s, ttft (per
+    request) and balance ((window times, max/avg), `dualjax.core.report.balance_over_time`)."""
     plt = _pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [n for n, _, _ in runs]
-    a.bar(range(len(runs)), [r["jct_s"] for _, r, _ in runs], color="tab:blue")
-    a.set_xticks(range(len(runs)), names, rotation=30, ha="right")
-    a.set(ylabel="job completion time (s)", title="JCT per run")
-    for name, _, ttft in runs:
-        _cdf(b, ttft, name)
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
+    names = [f"{r['name']} ({'sim' if r['kind'] == 'simulated' else 'real'})" for r in runs]
+    a.bar(range(len(runs)), [r["jct_s"] for r in runs],
+          color=["tab:orange" if r["kind"] == "simulated" else "tab:blue" for r in runs])
+    a.set_xticks(range(len(runs)), names, rotation=30, ha="right", fontsize=8)
+    a.set(ylabel="job completion time (s)", title="JCT per run (blue: real, orange: simulated)")
+    for name, r in zip(names, runs):
+        _cdf(b, r["ttft"], name)
+        t, ratio = r["balance"]
+        c.plot(t / max(r["jct_s"], 1e-9), ratio, label=name)
     b.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="TTFT CDF")
-    b.legend(fontsize=8)
+    b.legend(fontsize=7, loc="lower right")
+    c.axhline(1.0, color="gray", lw=0.8)
+    c.set(xlabel="time / JCT", ylabel="max / avg of the storage NICs' bytes", title="storage-NIC balance over time")
+    c.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

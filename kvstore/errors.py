@@ -1,4 +1,5 @@
-"""The store's errors, and the cause of a failed write in one word (an errno name when there is one)."""
+"""The store's errors; the cause of a failed write in one word (an errno name when there is one);
+a library error cut to one short line (TensorStore appends its whole JSON spec to each)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import errno
 import re
 
 _OS_ERROR = re.compile(r"os_error_code='(\d+)'|\[OS error (\d+)")  # how TensorStore's file driver names errno
+_TS_CONTEXT = re.compile(r"\s*\[(tensorstore_spec|source locations)=.*", re.S)  # the spec TensorStore appends
+BRIEF_CHARS = 200  # the most of a library's message that goes into one of the store's
 
 
 class StoreError(Exception):
@@ -30,3 +33,10 @@ def cause_of(e: BaseException) -> str:
         return errno.errorcode.get(number, f"errno {number}")
     head = str(e).split(":", 1)[0].strip()
     return head if head.isupper() and " " not in head else type(e).__name__
+
+
+def brief(e: BaseException) -> str:
+    """`e`'s message on one line of at most BRIEF_CHARS: TensorStore's appended JSON spec and
+    source locations dropped, the rest cut with an ellipsis."""
+    text = " ".join(_TS_CONTEXT.sub("", str(e)).split())
+    return text if len(text) <= BRIEF_CHARS else text[:BRIEF_CHARS - 1] + "…"

@@ -30,9 +30,14 @@ class BlockId:
 
 
 def check_hash(h) -> str:
-    if not isinstance(h, str) or not _HEX32.match(h):
+    if not is_hash(h):
         raise ValueError(f"malformed block hash {h!r}: expected 32 lowercase hex digits")
     return h
+
+
+def is_hash(key) -> bool:
+    """Whether `key` is a block hash (an index key; not a temp file or a probe)."""
+    return isinstance(key, str) and bool(_HEX32.match(key))
 
 
 def hash_block(parent: str, tokens, layout: BlockLayout) -> str:

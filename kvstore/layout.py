@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 ALIGN = 4096  # bytes: a page. NumPy's large arrays start 16 bytes past one, where a kernel copy
-# (`preadv`) runs at a fraction of its speed on some CPUs (1.5 against 11 GB/s here, an AMD EPYC)
+# (`preadv`) runs at a fraction of its speed on some CPUs (1.5 against 11 GB/s on an AMD EPYC)
 
 
 def aligned_empty(nbytes: int, zero: bool = False) -> np.ndarray:

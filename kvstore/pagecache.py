@@ -46,7 +46,7 @@ _SYS_CACHESTAT = 451 if sys.platform.startswith("linux") and _LIBC is not None e
 
 
 def _cachestat(fd: int, start: int) -> bool | None:
-    """Whether the page at `start` is cached, by `cachestat` (about 3-6 µs here), or None where it
+    """Whether the page at `start` is cached, by `cachestat` (a few µs), or None where it
     cannot tell (no such call: then never asked again; a file it refuses)."""
     global _SYS_CACHESTAT
     nr = _SYS_CACHESTAT
@@ -82,9 +82,9 @@ def page_cached(fd: int, offset: int) -> bool:
     it: `cachestat` says so cheaply; a miss (or no `cachestat`) is confirmed by `mincore`, since
     `cachestat` counts only the file's own mapping (an overlayfs file's pages live under the file
     beneath). Where neither can tell, and past the file's end (its read will find it short),
-    cached. The probe until 2026-12-02, a one-byte `RWF_NOWAIT` read, starts the kernel's
-    readahead on a miss, and a disk that answers within the call (a virtual disk its host caches)
-    then made a cold block look cached."""
+    cached. (Reading a byte with `RWF_NOWAIT` would start the kernel's readahead on a miss, and a
+    disk that answers within the call, a virtual disk its host caches, would make a cold block
+    look cached.)"""
     try:
         if offset >= os.fstat(fd).st_size:
             return True

@@ -1,26 +1,22 @@
-"""Segment files of the KV block store (format version 3, docs/store.md): how many blocks one
-holds, its zarr3 metadata and shard index, its entry (its blocks' hashes, slots, parents, token
-ids and per-Layer-Block checksums), and how a segment is written and made visible atomically (a
-temp file renamed into place on a local directory; one TensorStore write elsewhere).
+"""The store's on-disk format (version 4, docs/store.md), shared by both I/O back ends: how many
+blocks a segment holds, the zarr3 metadata of the data array and a segment's shard index, where
+its Layer Blocks lie, and its entry (its blocks' hashes, slots, parents, token ids and
+per-Layer-Block checksums), encoded and decoded.
 
 A segment file is its zarr3 shard index, its blocks' Layer Blocks layer-major (layer 0 of each
 block in slot order, then layer 1, ...: `data_parts`), then its entry and the entry's length.
-TensorStore finds chunks through the shard index (a shard may hold its chunks in any order) and
-ignores the bytes after the last one, so the entry rides in the same file and `index/<hash>` is a
-hard link to that file; the blocks start where they did before the entry moved in
-(`shard_index_bytes`). Layer-major, one layer of a segment's consecutive blocks is one run of the
-file: a layerwise prefill's layer-major read takes it in a few large `preadv`s, not one per block
-(format 4, since 2026-12-03; format 3 held each block's Layer Blocks together).
+TensorStore's zarr3 driver finds chunks through the shard index (a shard may hold its chunks in
+any order) and ignores the bytes after the last one, so the entry rides in the same file and
+`index/<hash>` can be a hard link to that file. Layer-major, one layer of a segment's consecutive
+blocks is one run of the file: a layerwise prefill's layer-major read takes it in a few large
+reads, not one per block.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import functools
-import os
 import struct
-import threading
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -28,14 +24,26 @@ import xxhash
 from kvstore.hashing import hash_block
 from kvstore.layout import BlockLayout
 
-SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS)
+SLOT_BITS = 54  # slots index the data array's first axis, [0, 2**SLOT_BITS) ...
+COUNTER_BITS = 24  # ... as `writer id << COUNTER_BITS | counter`: slots one writer id names
 MAX_SEGMENT_SLOTS = 64  # blocks per segment file at most ...
 SEGMENT_BYTES = 64 << 20  # ... and at most this many bytes of blocks
 ENTRY_MAGIC = b"DJIX6"
 _ENTRY_HEAD = struct.Struct("<5sH")  # magic, n blocks; then n hashes, n records, then _ENTRY_TAIL
 _RECORD_HEAD = struct.Struct("<q16s")  # slot, parent hash; then L XXH3-64 (<u8), T token ids (<i4)
 _ENTRY_TAIL = struct.Struct("<QI")  # XXH3-64 of the entry before it, the entry's length (checksum included)
-IOV_MAX = 1024  # buffers per preadv / pwritev call (Linux's IOV_MAX)
+
+
+class Entry(NamedTuple):
+    """A block's index entry, verified: its slot (row of the data array; its segment is
+    `slot // S`), the XXH3-64 of each of its Layer Blocks [L] <u8, the hashes of its segment's
+    blocks in slot order, and its place `k` among them (its Layer Block l lies at
+    `shard_index_bytes + (l * len(members) + k) * layer_bytes` in the segment file)."""
+
+    slot: int
+    sums: np.ndarray
+    members: tuple[str, ...]
+    k: int
 
 
 def segment_slots(layout: BlockLayout) -> int:
@@ -78,6 +86,11 @@ def data_parts(blocks: list) -> list[memoryview]:
     return [memoryview(row[layer]) for layer in range(len(rows[0])) for row in rows]
 
 
+def segment_key(layout: BlockLayout, segment: int) -> str:
+    """A segment's key under `data/` (zarr3's "v2" chunk key: the chunk's grid position)."""
+    return ".".join([str(segment)] + ["0"] * len(layout.full_shape))
+
+
 def shard_index_bytes(layout: BlockLayout, slots: int) -> int:
     """Bytes of a segment file's shard index: where its first Layer Block starts."""
     return slots * layout.n_layers * 16
@@ -102,11 +115,10 @@ def encode_entry(ids: list, slots: list[int], sums: np.ndarray) -> bytes:
     return body + _ENTRY_TAIL.pack(xxhash.xxh3_64_intdigest(body), len(body) + 8)
 
 
-def decode_entry(raw: bytes, h: str, layout: BlockLayout) -> tuple[int, np.ndarray, tuple[str, ...]] | None:
-    """Block `h`'s record from `raw`, bytes that end with a segment's entry (the segment file's
-    tail, or the entry alone): (slot, its L Layer Block checksums, the segment's block hashes);
-    None when the entry is malformed or fails its checksum, or `h`'s record is absent or does not
-    hash back to `h`."""
+def decode_entry(raw: bytes, h: str, layout: BlockLayout) -> Entry | None:
+    """Block `h`'s `Entry` from `raw`, bytes that end with a segment's entry (the segment file's
+    tail, or the entry alone); None when the entry is malformed or fails its checksum, or `h`'s
+    record is absent or does not hash back to `h`."""
     end = len(raw) - 4
     length = int.from_bytes(raw[end:], "little") if end >= 0 else 0
     start, size = end - length, _record_bytes(layout)
@@ -118,34 +130,17 @@ def decode_entry(raw: bytes, h: str, layout: BlockLayout) -> tuple[int, np.ndarr
     members = tuple(raw[first + 16 * i:first + 16 * (i + 1)].hex() for i in range(n))
     if h not in members:
         return None
-    at = first + 16 * n + size * members.index(h)
+    k = members.index(h)
+    at = first + 16 * n + size * k
     slot, parent = _RECORD_HEAD.unpack_from(raw, at)
     L, T = layout.n_layers, layout.block_tokens
     tokens = np.frombuffer(raw, "<i4", T, at + _RECORD_HEAD.size + 8 * L)
     if not 0 <= slot < 1 << SLOT_BITS or hash_block(parent.hex(), tokens, layout) != h:
         return None
-    return slot, np.frombuffer(raw, "<u8", L, at + _RECORD_HEAD.size), members
+    return Entry(slot, np.frombuffer(raw, "<u8", L, at + _RECORD_HEAD.size), members, k)
 
 
-def read_tail(path: str, limit: int) -> bytes | None:
-    """The last `limit` bytes of a local file (all of a shorter one); None when it does not exist,
-    b"" when it cannot be read (a lookup then finds no entry: a bad block, not a crash)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return b""
-    try:
-        size = os.fstat(fd).st_size
-        return os.pread(fd, min(size, limit), max(0, size - limit))
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
-def _bytes_of(a) -> memoryview:
+def bytes_of(a) -> memoryview:
     """The bytes of a C-contiguous array (any dtype, bfloat16 included), bytes or a memoryview, not copied."""
     if isinstance(a, (bytes, memoryview)):
         return memoryview(a)
@@ -154,78 +149,11 @@ def _bytes_of(a) -> memoryview:
 
 def joined(parts: list) -> bytes:
     """Arrays and bytes concatenated into one value (a segment for a TensorStore kvstore)."""
-    return b"".join(_bytes_of(p) for p in parts)
-
-
-def _pwrite_all(fd: int, parts: list, offset: int) -> int:
-    """Write `parts` from `offset` on (writev's short writes resumed); returns the end offset."""
-    views = [_bytes_of(p) for p in parts]
-    while views:
-        done = os.pwritev(fd, views[:IOV_MAX], offset)
-        offset += done
-        while views and done >= len(views[0]):
-            done -= len(views.pop(0))
-        if views and done:
-            views[0] = views[0][done:]
-    return offset
+    return b"".join(bytes_of(p) for p in parts)
 
 
 def layer_sums(block: np.ndarray) -> list[int]:
     """XXH3-64 of each Layer Block of a Full Block."""
     return [xxhash.xxh3_64_intdigest(layer) for layer in block]
-
-
-def _preallocate(fd: int, size: int) -> None:
-    """Allocate the file's blocks up front (fewer extent updates while it is written); where the
-    platform or file system cannot (no `posix_fallocate`, EOPNOTSUPP, EINVAL), it is written
-    without. A full disk still raises (ENOSPC)."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except AttributeError:
-        pass
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-
-
-class SegmentFile:
-    """A local segment file in the making, in a temp file beside `path` (unique to this process
-    and thread) of `size` bytes, allocated up front (the disk's blocks are reserved at once, a
-    full disk fails here, and the writes skip the per-page work of delayed allocation), `parts`
-    written from offset 0 in place from the caller's arrays, no copy; `write` adds more (from any
-    thread); `finish(sync)` fsyncs when `sync` and renames the file into place (atomic);
-    `discard()` removes the temp file. A failure while it is made leaves nothing behind."""
-
-    def __init__(self, path: str, size: int, parts: list):
-        self.path, self.tmp = path, f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _preallocate(self.fd, size)
-            _pwrite_all(self.fd, parts, 0)
-        except BaseException:  # an interrupt too: this runs on the caller's thread
-            self.discard()
-            raise
-
-    def write(self, parts: list, offset: int) -> None:
-        _pwrite_all(self.fd, parts, offset)
-
-    def finish(self, sync: bool) -> None:
-        try:
-            if sync:
-                os.fsync(self.fd)
-            fd, self.fd = self.fd, None
-            os.close(fd)
-            os.replace(self.tmp, self.path)
-        except BaseException:
-            self.discard()
-            raise
-
-    def discard(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
 
 

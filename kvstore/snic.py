@@ -17,14 +17,26 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
-from kvstore.reads import RequestReads
+from kvstore.reads import ReadBatch, RequestReads
 from kvstore.store import BlockStore
 
 _CAPPED_BATCH = 1 << 20
 _LAG_S = 0.05  # within a request, how far the emulated link may run behind the clock and catch up
+
+
+class _InFlight(NamedTuple):
+    """A batch of a request issued to the store: blocks [b0, b1) (`batch`: the read of those before
+    a known miss, None when none is), delivered once the emulated link has carried it (`due`)."""
+
+    b0: int
+    b1: int
+    layers: range
+    batch: ReadBatch | None
+    due: float
 
 
 class ReadTicket:
@@ -147,7 +159,7 @@ class StorageNIC:
 
     def _serve(self, t: ReadTicket) -> None:
         layout, n = t.store.layout, len(t.hashes)
-        inflight: collections.deque = collections.deque()
+        inflight: collections.deque[_InFlight] = collections.deque()
         valid, done_per_layer = n, collections.Counter()
         reads = RequestReads(t.store, t.hashes, t.out)
 
@@ -175,8 +187,8 @@ class StorageNIC:
         # it: this host's CPU being busy elsewhere (a prefill on the same cores) then does not slow
         # the link down, as it would not slow a real NIC's DMA.
         # Uncapped, a layer-major read of blocks not in the page cache goes block by block instead:
-        # whole blocks are long runs the disk streams past the page cache (kvstore/reads.py), where a
-        # layer's Layer Blocks are short reads a block apart (3.3x as long for `small` here). Its
+        # whole blocks are long runs the disk streams past the page cache (kvstore/preads.py), where a
+        # layer's Layer Blocks are short reads a block apart (3.3x as long for `small` on a virtual disk). Its
         # layers are then all ready at the end, no sooner. Capped, the emulated link's order stays.
         try:
             layer_major = t.layer_major and (self.cap is not None or not reads.cold())
@@ -191,9 +203,9 @@ class StorageNIC:
                         # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
                         self._link_free = due = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
                     batch = reads.submit(b0, good, layers)
-                inflight.append((b0, b1, layers, batch, due))
-                while len(inflight) >= self.window or (inflight and inflight[0][4] <= self.clock() and (
-                        inflight[0][3] is None or reads.done(inflight[0][3]))):
+                inflight.append(_InFlight(b0, b1, layers, batch, due))
+                while len(inflight) >= self.window or (inflight and inflight[0].due <= self.clock() and (
+                        inflight[0].batch is None or reads.done(inflight[0].batch))):
                     collect()
             while inflight:
                 collect()

@@ -1,38 +1,27 @@
-"""The KV block store: Full Blocks in segment files, named by chained content hashes.
+"""The KV block store's policy: Full Blocks named by chained content hashes, and what is read and
+written: names, entries' checks, pins, recency, the byte budget and the counters.
 
-On-disk format, version 4 (docs/store.md describes it byte by byte), under one TensorStore
-kvstore (a local directory by default, `memory://` in tests, any TensorStore kvstore by spec):
-
-* `dualjax_store.json`: format, version, layout, fingerprint and `segment_slots` S. A store
-  refuses another fingerprint, and a store of another format version, naming both;
-* `data/`: a zarr3 array `[slots, L, T, *record]` chunked in **segments** of S consecutive slots.
-  A segment is one file (`data/<slot // S>.0.0...`, a zarr3 shard): its shard index (S·L
-  little-endian (offset, length) pairs), its blocks' Layer Blocks layer-major (layer 0 of each
-  block in slot order, then layer 1, ...: a layer of consecutive blocks is one run), then its
-  **entry** (the blocks' hashes; per block its slot, parent hash, one XXH3-64 per Layer Block and
-  token ids; an XXH3-64 of all of it; its length). A put writes its new blocks into fresh
-  segments, so one file holds up to S blocks of one put;
-* `index/<hash>`: a hard link to the block's segment file (on kvstores without links, a copy of
-  its entry), made only once the file is complete and in place: a block is visible only once
-  completely written. A lookup reads the entry from the file's end, checks its checksum,
-  re-hashes (parent, tokens), which must give the key back, and a read checks each Layer Block it
-  fetched against its checksum.
-
-The I/O is `SegmentFiles`' (kvstore/files.py: plain file I/O on a local directory, TensorStore
-elsewhere); reading, `kvstore/reads.py`'s. This class decides what is read and written: names,
-entries' checks, pins, recency, the budget and the counters.
+The bytes move through an I/O back end (kvstore/backend.py): on a local directory
+`PosixBackend` (kvstore/posix.py: plain system calls; TensorStore is not on its path), on any
+other TensorStore kvstore `TensorStoreBackend` (kvstore/tsbackend.py: TensorStore does the I/O).
+The store's metadata (its manifest, the data array's zarr3 metadata) is opened, checked and
+recovered when damaged by kvstore/metadata.py, through TensorStore, whatever the back end. The
+on-disk format is kvstore/segments.py's; reading, kvstore/reads.py's.
 
 Slots are `writer id << COUNTER_BITS | counter` with a random writer id per open store, and
-every put starts a fresh segment, so processes writing one directory never collide and need no
-coordination (nor locks: every file has one writer, and a link's target is fixed by its blocks).
-A block that is corrupt, truncated or missing reads as a miss (never wrong bytes);
-`get_prefix` stops at the first one, and the bad block's whole segment is dropped (the next put
-writes its blocks again). A store is a cache: `cache()` turns a failed write (disk full, I/O
-error, permission) into blocks not cached, logged once per cause and counted. With a byte budget,
-eviction frees whole segments, least recently used first (reading a block makes its segment
-recent), index links first, then the file; never a segment holding a block this process is
-reading, and a budget exceeded because of one is restored when that read ends. A block another
-process evicts under a reader reads as a miss.
+every put starts a fresh segment, so processes writing one store never collide and need no
+coordination (nor locks: every segment has one writer, and an index entry's target is fixed by
+its blocks). A block is visible (has an index entry) only once its whole segment is written. A
+lookup checks the entry's checksum and re-hashes (parent, tokens), which must give the key back;
+a read checks each Layer Block it fetched against its checksum. A block that is corrupt,
+truncated or missing reads as a miss (never wrong bytes); `get_prefix` stops at the first one,
+and the bad block's whole segment is dropped (the next put writes its blocks again). A store is
+a cache: `cache()` turns a failed write (disk full, I/O error, permission) into blocks not cached,
+logged once per cause and counted. With a byte budget, eviction frees whole segments, least
+recently used first (reading a block makes its segment recent), index entries first, then the
+segment; never a segment holding a block this process is reading, and a budget exceeded because
+of one is restored when that read ends. A block another process evicts under a reader reads as a
+miss.
 """
 
 from __future__ import annotations
@@ -40,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import logging
 import os
 import threading
 import weakref
@@ -49,49 +37,23 @@ import numpy as np
 import tensorstore as ts
 
 from kvstore import reads
-from kvstore.errors import FingerprintMismatch, StoreError, cause_of
-from kvstore.files import SegmentFiles
-from kvstore.hashing import BlockId, check_hash, hash_block
+from kvstore.backend import Backend, BlockWrite, log
+from kvstore.errors import StoreError, brief, cause_of
+from kvstore.hashing import BlockId, check_hash, hash_block, is_hash
 from kvstore.layout import BlockLayout
+from kvstore.metadata import RECOVERED, Opened, open_metadata, store_name
+from kvstore.posix import PosixBackend
 from kvstore.reads import BlockRead
-from kvstore.segments import (
-    SLOT_BITS,
-    decode_entry,
-    segment_slots,
-)
+from kvstore.segments import COUNTER_BITS, SLOT_BITS, Entry, decode_entry
+from kvstore.tsbackend import TensorStoreBackend
 
-log = logging.getLogger(__name__)
-
-MANIFEST = "dualjax_store.json"
-FORMAT_VERSION = 4
-COUNTER_BITS = 24  # slots one writer id names before it draws a new id
 WRITER_BITS = SLOT_BITS - COUNTER_BITS
-Entry = tuple  # (slot, layer checksums [L] <u8, (k, n): the block's place in its segment, `_span`)
-COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted")
-
-
-def _describe(layout_json) -> str:
-    try:
-        return BlockLayout.from_json(layout_json).describe()
-    except (TypeError, ValueError, KeyError):
-        return f"unreadable layout {layout_json!r}"
+COUNTERS = ("blocks_read", "bad_blocks", "misses", "invalidated", "write_failures", "evicted", "recovered")
+IO = ("auto", "posix", "tensorstore")
 
 
 def _new_writer() -> int:
     return int.from_bytes(os.urandom(8), "little") >> (64 - WRITER_BITS)
-
-
-def _span(h: str, members: tuple[str, ...]) -> tuple[int, int]:
-    """(k, n): block `h` is the k-th of the n blocks of its segment (`members`, in slot order), which
-    says where its Layer Blocks lie in the segment file (kvstore/segments.py)."""
-    return members.index(h), len(members)
-
-
-def _is_hash(key: str) -> bool:
-    try:
-        return check_hash(key) == key
-    except ValueError:
-        return False
 
 
 def local_spec(directory: str) -> dict:
@@ -108,15 +70,20 @@ class _View:
         self.lock = threading.Lock()
         self.lru: collections.OrderedDict[str, None] = collections.OrderedDict((k, None) for k in keys)
         self.pins: collections.Counter[str] = collections.Counter()
-        self.segments: dict[str, tuple[int, tuple[str, ...]]] = {}  # block -> (segment, its blocks)
+        self.entries: dict[str, Entry] = {}  # block -> its entry (its segment and the segment's blocks)
         self.budgeted: weakref.WeakSet[BlockStore] = weakref.WeakSet()  # stores with a budget: a released pin checks
+
+    def members(self, h: str) -> tuple[str, ...]:
+        """The blocks of `h`'s segment (`h` alone while its entry is not known here)."""
+        entry = self.entries.get(h)
+        return entry.members if entry is not None else (h,)
 
     def touch(self, hashes: list[str]) -> None:
         """Make the whole segments of `hashes` most recently used, in order."""
         done: set[str] = set()
         for h in hashes:
             if h in self.lru and h not in done:
-                members = self.segments.get(h, (None, (h,)))[1]
+                members = self.members(h)
                 for m in members:
                     if m in self.lru:
                         self.lru.move_to_end(m)
@@ -130,41 +97,59 @@ _VIEWS_LOCK = threading.Lock()
 class BlockStore:
     """put / get / contains over Full Blocks, with an optional byte budget (LRU eviction).
 
-    `spec`: a TensorStore kvstore spec (dict or URL such as "memory://"). `sync`: fsync every
-    segment file, its entry included (and the manifest), before its blocks' index links are made,
-    so a block visible after a power loss is complete; the links (directory entries) are not
-    fsynced (one lost by a power loss reads as a miss), and atomic rename already protects against
-    process crashes.
+    `spec`: a TensorStore kvstore spec (dict or URL such as "memory://"). `io`: the I/O back end,
+    "posix" on a local directory (the default there), "tensorstore" on any kvstore (the default
+    elsewhere). `sync`: fsync every segment, its entry included (and the manifest), before its
+    blocks' index entries are made, so a block visible after a power loss is complete; the
+    entries (directory entries, on a local directory) are not fsynced (one lost by a power loss
+    reads as a miss), and atomic renames already protect against process crashes.
     `context`: share one ts.Context between stores that must see the same `memory://` store.
     Raises StoreError (FingerprintMismatch) when the store cannot be opened or written.
     """
 
-    READER_THREADS = SegmentFiles.READER_THREADS  # read-only here: the reader pool is SegmentFiles'
+    READER_THREADS = PosixBackend.READER_THREADS  # read-only here: the reader pool is the back end's
 
     def __init__(self, spec, layout: BlockLayout, capacity_bytes: int | None = None, sync: bool = False,
-                 context: ts.Context | None = None):
+                 context: ts.Context | None = None, io: str = "auto"):
+        if io not in IO:
+            raise ValueError(f"BlockStore: io {io!r} is not one of {', '.join(IO)}")
         self.layout, self.sync = layout, sync
         self.context = context or ts.Context({"file_io_sync": sync, "file_io_locking": {"mode": "none"}})
         try:
             self.kv = ts.KvStore.open(spec, context=self.context).result()
-            base = self.kv.spec().to_json()
-            self.slots_per_segment = self._open_manifest()
-            self.files = SegmentFiles(base, layout, self.slots_per_segment, sync, self.context)
+        except ValueError as e:
+            raise StoreError(f"cannot open store {spec if isinstance(spec, str) else json.dumps(spec)}: {brief(e)}",
+                             cause_of(e)) from None
+        self.name = store_name(self.kv)
+        try:
+            opened = open_metadata(self.kv, layout, self.context)
+            self.files = self._backend(io, opened)
             self._check_writable()
             keys = self.files.keys()
-        except ValueError as e:
-            raise StoreError(f"cannot open store {spec!r}: {e}", cause_of(e)) from None
-        self.array = self.files.array  # the zarr3 array [slots, L, T, *record] the segment files make up
-        self._view = self._shared_view(base, [k for k in keys if _is_hash(k)])
+        except (ValueError, OSError) as e:
+            raise StoreError(f"cannot open store {self.name}: {brief(e)}", cause_of(e)) from None
+        self.slots_per_segment = opened.slots_per_segment
+        self.array = opened.array  # the zarr3 array [slots, L, T, *record] the segments make up
+        self._view = self._shared_view([k for k in keys if is_hash(k)])
         self._lock = self._view.lock
-        self._entries: dict[str, Entry] = {}  # hash -> (slot, layer checksums, (k, n)) verified here
+        self._entries: dict[str, Entry] = {}  # hash -> its entry, verified here
         self._writer, self._counter = _new_writer(), 0
         self._logged_causes: set[str] = set()
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self.capacity_bytes = None
         self.set_capacity(capacity_bytes)
 
-    def _shared_view(self, base: dict, keys: list[str]) -> _View:
+    def _backend(self, io: str, opened: Opened) -> Backend:
+        base = self.kv.spec().to_json()
+        local = base.get("driver") == "file"
+        if io == "posix" and not local:
+            raise StoreError(f"store {self.name}: io='posix' needs a local directory (a file kvstore)")
+        if local and io != "tensorstore":
+            return PosixBackend(base["path"], self.layout, opened.slots_per_segment, self.sync)
+        return TensorStoreBackend(base, self.layout, opened.slots_per_segment, self.context, opened.array)
+
+    def _shared_view(self, keys: list[str]) -> _View:
+        base = self.kv.spec().to_json()
         if base.get("driver") != "file":
             return _View(keys)
         key = json.dumps(base, sort_keys=True) + self.layout.fingerprint()
@@ -177,42 +162,6 @@ class BlockStore:
                     for k in keys:
                         view.lru.setdefault(k, None)
             return view
-
-    # -- opening -------------------------------------------------------------------------------
-    def _open_manifest(self) -> int:
-        """Create or check the manifest; returns the store's slots per segment."""
-        want = {"format": "dualjax-kvstore", "version": FORMAT_VERSION, "fingerprint": self.layout.fingerprint(),
-                "layout": self.layout.to_json(), "segment_slots": segment_slots(self.layout)}
-        got = self.kv.read(MANIFEST).result()
-        stray = self.kv.list().result() if got.state == "missing" else []
-        if stray:  # another process may have created the store since
-            got = self.kv.read(MANIFEST).result()
-        if got.state == "missing":
-            if stray:
-                raise StoreError(f"{self.kv.spec().to_json()} is not a dualjax store (no {MANIFEST}, but it holds "
-                                 f"{len(stray)} keys, e.g. {stray[0]!r}); point --store at an empty or dualjax "
-                                 "directory")
-            self.kv.write(MANIFEST, json.dumps(want, indent=1)).result()
-            return want["segment_slots"]
-        try:
-            manifest = json.loads(got.value)
-            theirs, version = manifest["fingerprint"], manifest.get("version")
-        except (ValueError, KeyError, AttributeError):
-            raise StoreError(f"{MANIFEST} is not a dualjax store manifest") from None
-        if version != FORMAT_VERSION:
-            raise StoreError(f"store format version {version} is not this dualjax's version {FORMAT_VERSION} "
-                             f"(entries inside segment files since version 3); use a new store directory or delete "
-                             "the old store",
-                             "version")
-        if theirs != want["fingerprint"]:
-            raise FingerprintMismatch(
-                f"store fingerprint {theirs} (format {_describe(manifest.get('layout'))}) does not match this run's "
-                f"{want['fingerprint']} (format {self.layout.describe()}); use another store directory, or the "
-                f"store's model, weights and layout")
-        slots = manifest.get("segment_slots")
-        if not isinstance(slots, int) or slots < 1 or slots & (slots - 1) or slots > 1 << COUNTER_BITS:
-            raise StoreError(f"{MANIFEST}: segment_slots {slots!r} is not a power of two up to 2**{COUNTER_BITS}")
-        return slots
 
     def _check_writable(self) -> None:
         """Fail at open, not mid-run, when the store cannot be written at all."""
@@ -274,19 +223,17 @@ class BlockStore:
         if not new:
             return 0
         cap = self._segment_cap()
-        todo = [(ids[i], np.asarray(blocks[i]), base + j) for s in range(0, len(new), cap)
+        todo = [BlockWrite(ids[i], np.asarray(blocks[i]), base + j) for s in range(0, len(new), cap)
                 for base in [self._next_segment()] for j, i in enumerate(new[s:s + cap])]
         self._evict_for(len(todo) * layout.block_bytes)
         try:
             entries = self.files.write(todo)
         except (ValueError, OSError) as e:
             self.counters["write_failures"] += 1
-            raise StoreError(f"writing {len(todo)} blocks failed: {e}", cause_of(e)) from None
-        S = self.slots_per_segment
+            raise StoreError(f"writing {len(todo)} blocks failed: {brief(e)}", cause_of(e)) from None
         with self._lock:
-            for h, (slot, sums, members) in entries.items():
-                self._entries[h] = (slot, sums, _span(h, members))
-                self._view.segments[h] = (slot // S, members)
+            for h, entry in entries.items():
+                self._entries[h] = self._view.entries[h] = entry
                 self._view.lru[h] = None
         self.counters["blocks_written"] += len(todo)
         self.counters["bytes_written"] += len(todo) * layout.block_bytes
@@ -337,9 +284,10 @@ class BlockStore:
         """Forget a block found bad, with every block of its segment: drop their index entries and
         the segment's file, so the next `put` writes them again."""
         with self._lock:
-            segment, members = self._view.segments.get(h, (None, (h,)))
+            entry = self._view.entries.get(h)
+            members = self._view.members(h)
             self._forget(members)
-        self.files.drop(members, segment)
+        self.files.drop(members, entry.slot // self.slots_per_segment if entry is not None else None)
         self.counters["invalidated"] += len(members)
 
     def block_failed(self, h: str, why: str) -> None:
@@ -355,38 +303,35 @@ class BlockStore:
         """Drop blocks from this process's view (the caller holds the lock)."""
         for m in members:
             self._view.lru.pop(m, None)
-            self._view.segments.pop(m, None)
+            self._view.entries.pop(m, None)
             self._entries.pop(m, None)
 
     def _parse_entry(self, h: str, raw: bytes | None) -> Entry | None:
-        """(slot, layer checksums, (k, n): `_span`) of block `h` from `raw` (its segment file's tail, or its entry), or
-        None: missing, or malformed (then dropped from the index and counted as a bad block, so
-        the next put writes it again). A local segment file whose entry is unreadable (cut short,
-        garbled) cannot serve any of its blocks: it is emptied, so its space returns at once (its
-        other blocks' links then read as malformed in turn)."""
+        """Block `h`'s entry from `raw` (bytes ending with it), or None: missing, or malformed (then
+        dropped from the index and counted as a bad block, so the next put writes it again). A
+        local segment file whose entry is unreadable (cut short, garbled) cannot serve any of its
+        blocks: the back end empties it, so its space returns at once (its other blocks' links
+        then read as malformed in turn)."""
         if raw is None:
             return None
-        record = decode_entry(raw, h, self.layout)
-        if record is None:
+        entry = decode_entry(raw, h, self.layout)
+        if entry is None:
             log.warning("index entry of block %s is malformed; dropped, the block is a miss", h)
             self.counters["bad_blocks"] += 1
             with self._lock:
                 self._forget([h])
             if raw:
-                self.files.empty(h)
+                self.files.discard_entry(h)
             self.files.drop([h], None)
             self.counters["invalidated"] += 1
             return None
-        slot, sums, members = record
-        entry = (slot, sums, _span(h, members))
         with self._lock:
-            self._entries[h] = entry
-            self._view.segments[h] = (slot // self.slots_per_segment, members)
+            self._entries[h] = self._view.entries[h] = entry
         return entry
 
     def entries(self, hashes: list[str]) -> list[Entry | None]:
-        """(slot, layer checksums, (k, n): `_span`) per block from its index entry (None: a miss, or an entry found
-        malformed, which is dropped); entries verified once are remembered."""
+        """Each block's entry (None: a miss, or an entry found malformed, which is dropped); entries
+        verified once are remembered."""
         with self._lock:
             known = [self._entries.get(h) for h in hashes]
         raw = self.files.raw_entries([h for h, e in zip(hashes, known) if e is None])
@@ -430,7 +375,7 @@ class BlockStore:
         """Start reading blocks into `out` [n, L, T, *record] (allocated page-aligned when None, as
         `layout.empty(n)` does: on some CPUs `preadv` into a buffer 16 bytes past a page, where
         NumPy's large arrays start, is several times slower); each block (or only `layers` of it)
-        lands straight in its row (preadv on a local directory, TensorStore elsewhere). Returns one
+        lands straight in its row (by the back end). Returns one
         `BlockRead` per hash, whose `result()` is that row, checked, or None (missing, corrupt or
         truncated). Blocks being read are pinned against eviction until `result()`."""
         return reads.get(self, hashes, out, layers)
@@ -449,23 +394,23 @@ class BlockStore:
         return out
 
     # -- capacity ------------------------------------------------------------------------------
-    def _victim(self, incoming: int):
+    def _victim(self, incoming: int) -> Entry | str | None:
         """While over budget (the caller holds the lock): the least recently used segment with no
-        pinned block, as (segment, its blocks), forgotten here; or a block whose segment is not
-        known yet (its entry must be read first); or None."""
+        pinned block, as the entry of one of its blocks, forgotten here; or a block whose segment
+        is not known yet (its entry must be read first); or None."""
         if (len(self._view.lru) * self.layout.block_bytes) + incoming <= self.capacity_bytes:
             return None
         seen: set[str] = set()
         for h in self._view.lru:
             if h in seen:
                 continue
-            if h not in self._view.segments:
+            entry = self._view.entries.get(h)
+            if entry is None:
                 return h
-            segment, members = self._view.segments[h]
-            seen.update(members)
-            if not any(self._view.pins[m] for m in members):
-                self._forget(members)
-                return segment, members
+            seen.update(entry.members)
+            if not any(self._view.pins[m] for m in entry.members):
+                self._forget(entry.members)
+                return entry
         return None
 
     def _evict_for(self, incoming: int) -> None:
@@ -480,20 +425,31 @@ class BlockStore:
             if isinstance(victim, str):  # listed at open: learn its segment from its entry
                 self.entries([victim])
                 with self._lock:
-                    if victim not in self._view.segments:  # gone or malformed
+                    if victim not in self._view.entries:  # gone or malformed
                         self._forget([victim])
                 continue
-            self.files.drop(victim[1], victim[0])
-            self.counters["evicted"] += len(victim[1])
+            self.files.drop(victim.members, victim.slot // self.slots_per_segment)
+            self.counters["evicted"] += len(victim.members)
+
+    def count_read(self, blocks: int, layers: range) -> None:
+        """Count `blocks` read and verified (`layers` of each); a block counts once, at its last layer."""
+        counters = self.counters
+        counters["layer_blocks_read"] += blocks * len(layers)
+        counters["bytes_read"] += blocks * len(layers) * self.layout.layer_bytes
+        if layers.stop == self.layout.n_layers:
+            counters["blocks_read"] += blocks
 
     def stats(self) -> dict:
+        """What the store holds and its counters. Recoveries of the store's metadata not yet
+        reported by any process are counted here, once (`recovered`: kvstore/metadata.py)."""
+        self.counters["recovered"] += self.files.take(RECOVERED)
         with self._lock:
             blocks = len(self._view.lru)
         return {"blocks": blocks, "bytes": blocks * self.layout.block_bytes, "capacity_bytes": self.capacity_bytes,
                 "block_bytes": self.layout.block_bytes, "fingerprint": self.layout.fingerprint(), **self.counters}
 
     def close(self) -> None:
-        """Stop the writer and reader threads (TensorStore handles need no closing)."""
+        """Stop the back end's threads (TensorStore handles need no closing)."""
         self.files.close()
 
     def __enter__(self):
@@ -503,5 +459,4 @@ class BlockStore:
         self.close()
 
 
-__all__ = ["BlockStore", "BlockRead", "StoreError", "FingerprintMismatch", "local_spec", "MANIFEST", "COUNTERS",
-           "SLOT_BITS", "FORMAT_VERSION"]
+__all__ = ["BlockStore", "BlockRead", "StoreError", "local_spec", "COUNTERS", "IO"]

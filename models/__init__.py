@@ -1,61 +1,45 @@
-"""Functional JAX decoder models: the Llama / Qwen2 family and the DeepSeek-V3.2 family (MLA, DSA, MoE).
-Knows nothing of storage or MPI. The generic entry points (`prefill`, `Layerwise`, `DecodeCache`,
-`init_params`, `load_hf`, ...) dispatch on the config's type (`models.families`).
+"""Functional JAX decoder models, one family per subpackage: `models.dense` (Llama / Qwen2, GQA) and
+`models.deepseek` (DeepSeek-V3.2: MLA, DSA, MoE). Knows nothing of storage or MPI.
 
-Configs, shape buckets and cost formulas (`models.config`, `models.buckets`, `models.costs`) import
-without JAX, so the simulator can use them; everything else loads JAX on first use.
+Every function here takes a config of any family and reaches the family through `cfg.family`
+(`models.family.Family`); the mechanisms themselves (parameters from declarations, prefill over a
+cached prefix, the layerwise driver, the decode cache, generate, checkpoints) are written once.
+
+Configs, presets, shape buckets and cost formulas import without JAX, so the simulator can use them;
+everything else loads JAX on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 from models.buckets import DEFAULT_BUCKETS, Buckets
-from models.config import PRESETS, ModelConfig, RopeScaling, UnknownPreset
-from models.config import get_config as dense_config
+from models.config import ModelConfigError, UnknownPreset
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
-from models.deepseek_config import DEEPSEEK_PRESETS, DeepSeekConfig
+from models.deepseek.config import DeepSeekConfig
+from models.dense.config import ModelConfig, RopeScaling
+from models.presets import PRESETS, get_config, preset_names
 
-_LAZY = {
-    "CheckpointError": "checkpoint", "load_hf": "families", "restore_checkpoint": "source",
-    "save_checkpoint": "source", "DecodeCache": "families", "generate": "families",
-    "decode_step": "model", "forward": "model", "forward_layer": "model", "greedy": "model",
-    "reference_logits": "model", "abstract_params": "families", "check_params": "families",
-    "init_params": "families", "param_bytes": "families", "param_count": "families",
-    "InputError": "prefill", "Layerwise": "families", "compile_counts": "prefill", "prefill": "families",
-    "make_mesh": "sharding", "param_shardings": "families", "shard_params": "families",
-    "ModelSource": "source", "resolve_model": "source", "preset_names": "source", "read_config": "checkpoint",
+_LAZY = {  # public name -> the module that defines it (loaded on first use: these load JAX)
+    "forward": "inference", "forward_layer": "inference", "prefill": "inference", "generate": "inference",
+    "greedy": "inference", "reference_logits": "inference",
+    "Layerwise": "layerwise", "compile_counts": "layerwise",
+    "DecodeCache": "cache", "CacheLayout": "cache", "decode_step": "cache",
+    "InputError": "checks",
+    "init_params": "params", "abstract_params": "params", "check_params": "params", "param_count": "params",
+    "param_bytes": "params", "param_shardings": "params", "shard_params": "params",
+    "make_mesh": "sharding",
+    "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "restore_checkpoint": "checkpoint",
+    "read_config": "checkpoint", "load_hf": "hf",
+    "ModelSource": "source", "resolve_model": "source",
 }
 
-__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "DEEPSEEK_PRESETS", "ModelConfig", "DeepSeekConfig",
-           "RopeScaling", "get_config", "decode_flops", "kv_bytes_per_token", "prefill_flops", *_LAZY]
-
-
-def get_config(name: str, **overrides):
-    """The preset called `name` of either family, with optional field overrides. Raises UnknownPreset
-    (a KeyError) naming every preset for an unknown name."""
-    if name in DEEPSEEK_PRESETS:
-        return DEEPSEEK_PRESETS[name].replace(**overrides) if overrides else DEEPSEEK_PRESETS[name]
-    if name not in PRESETS:
-        raise UnknownPreset(f"unknown model preset {name!r}; presets: {', '.join([*PRESETS, *DEEPSEEK_PRESETS])}")
-    return dense_config(name, **overrides)
+__all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "DeepSeekConfig", "RopeScaling",
+           "ModelConfigError", "UnknownPreset", "get_config", "preset_names", "decode_flops", "kv_bytes_per_token",
+           "prefill_flops", *_LAZY]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(f"models.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """`models.prefill` names both a submodule and its function: importing the submodule sets the
-    package's attribute to the module, which would hide the function; keep the function."""
-
-    def __setattr__(self, name, value):
-        if not (name in _LAZY and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

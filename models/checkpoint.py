@@ -1,32 +1,25 @@
-"""Checkpoints: Orbax save/restore of params (with the config beside them) and Hugging Face import.
-
-`load_hf(path)` reads a local Llama or Qwen2 checkpoint directory (`config.json` plus one or
-several `*.safetensors` files); it never touches the network.
-"""
+"""Orbax checkpoints of any family: the params with the config's fields beside them (`model_config.json`).
+Hugging Face import is `models.hf`."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 
-import jax
-from safetensors import safe_open
-
-from models.config import DTYPES, ModelConfig, RopeScaling
 from models.params import Params, abstract_params, check_params
+from models.presets import config_type
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read: missing or misshaped tensors, unknown architecture."""
 
 
-def save_checkpoint(path: str, params: Params, cfg: ModelConfig, check=check_params) -> None:
+def save_checkpoint(path: str, params: Params, cfg) -> None:
     """Write params (Orbax) and `model_config.json` under directory `path` (created; must not exist).
-    `check` is the family's `check_params` (`models.save_checkpoint` passes the one of cfg's family)."""
+    Raises ValueError naming a tensor that is missing, extra or misshaped for `cfg`."""
     path = os.path.abspath(path)
-    check(params, cfg)
+    check_params(params, cfg)
     import orbax.checkpoint as ocp  # here, not at import: most processes never save or restore
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(path, "params"), params)
@@ -35,9 +28,9 @@ def save_checkpoint(path: str, params: Params, cfg: ModelConfig, check=check_par
 
 
 def read_config(path: str):
-    """The config `save_checkpoint` wrote under `path` (either family), without reading any tensor.
-    Raises CheckpointError when there is none or it names a field the config does not have."""
-    from models.deepseek_config import DeepSeekConfig
+    """The config `save_checkpoint` wrote under `path` (any family: the config type whose fields it
+    holds), without reading any tensor. Raises CheckpointError when there is none or it names a field
+    the config does not have."""
     path = os.path.abspath(path)
     try:
         with open(os.path.join(path, "model_config.json")) as f:
@@ -47,17 +40,13 @@ def read_config(path: str):
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}/model_config.json is not JSON: {e}") from None
     try:
-        if "kv_lora_rank" in fields:
-            return DeepSeekConfig(**fields)
-        return ModelConfig(**{**fields, "rope_scaling": _rope_scaling_field(fields.get("rope_scaling"))})
+        return config_type(fields).from_fields(fields)
     except TypeError as e:  # a field this version does not know, or one it needs that is absent
         raise CheckpointError(f"{path}/model_config.json: {e}") from None
 
 
-def restore_checkpoint(path: str, shardings=None, check=check_params, abstract=abstract_params):
+def restore_checkpoint(path: str, shardings=None):
     """Read what `save_checkpoint` wrote -> (config, params); params land on `shardings` when given.
-    `check` / `abstract` are the family's `check_params` / `abstract_params` (`models.restore_checkpoint`
-    passes those of the stored config's family).
 
     Raises CheckpointError naming a tensor the stored params lack, hold extra, or hold in another shape."""
     path = os.path.abspath(path)
@@ -66,161 +55,8 @@ def restore_checkpoint(path: str, shardings=None, check=check_params, abstract=a
     with ocp.StandardCheckpointer() as ckptr:
         stored = ckptr.metadata(os.path.join(path, "params"))
         try:  # name a missing, extra or misshaped tensor before Orbax reports a tree mismatch
-            check(getattr(stored, "item_metadata", stored), cfg)
+            check_params(getattr(stored, "item_metadata", stored), cfg)
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        params = ckptr.restore(os.path.join(path, "params"), abstract(cfg, shardings))
+        params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
     return cfg, params
-
-
-def _rope_scaling_field(value) -> RopeScaling | None:
-    """`rope_scaling` as `model_config.json` holds it: an object of RopeScaling's fields or null (or, in
-    checkpoints written before RopeScaling, a list [factor, low, high, original_max] with factor 0 for off)."""
-    if isinstance(value, dict):
-        return RopeScaling(**value)
-    if isinstance(value, list) and value and value[0]:
-        return RopeScaling(*value)
-    return None
-
-
-_ARCHS = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # architecture -> default qkv bias
-ROPE_TYPES = ("default", "llama3")  # the Hugging Face rope types the dense family implements
-
-
-def hf_rope(hf: dict) -> tuple[float, dict, str]:
-    """(theta, scaling, field) of a `config.json` in either layout: top-level `rope_theta` and
-    `rope_scaling` (transformers 4.x), or one `rope_parameters` dict holding `rope_theta`, `rope_type`
-    and the type's own fields (5.x; it wins when both are present). `scaling` always names its
-    `rope_type` ("default": plain RoPE); `field` is where it came from, for error messages.
-    Raises CheckpointError for per-layer-type rope_parameters (a dict of dicts)."""
-    params = hf.get("rope_parameters")
-    if params:
-        if any(isinstance(v, dict) for v in params.values()):
-            raise CheckpointError(f"config.json: rope_parameters per layer type ({sorted(params)}) are not "
-                                  "implemented; one rope_parameters dict is")
-        scaling, field = dict(params), "rope_parameters"
-    else:
-        scaling, field = dict(hf.get("rope_scaling") or {}), "rope_scaling"
-    theta = float(scaling.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-    scaling["rope_type"] = scaling.pop("rope_type", scaling.pop("type", "default"))
-    return theta, scaling, field
-
-
-def _llama_rope(hf: dict) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, rope_scaling) of a Llama/Qwen2 config; refuses a rope type not in ROPE_TYPES, naming it."""
-    theta, scaling, field = hf_rope(hf)
-    kind = scaling["rope_type"]
-    if kind not in ROPE_TYPES:
-        raise CheckpointError(f"config.json: {field}.rope_type {kind!r} is not implemented for "
-                              f"{'/'.join(_ARCHS)}; implemented: {', '.join(ROPE_TYPES)}")
-    if kind == "default":
-        return theta, None
-    try:
-        return theta, RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                                  float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
-    except KeyError as e:
-        raise CheckpointError(f"config.json: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from None
-
-
-# config.json fields of Llama / Qwen2 whose other values the dense family does not implement: (field, accepted)
-_IMPLEMENTED = (("hidden_act", lambda v: v == "silu"), ("mlp_bias", lambda v: not v),
-                ("use_sliding_window", lambda v: not v),
-                ("layer_types", lambda v: all(t == "full_attention" for t in v)))
-
-
-def hf_config(hf: dict, name: str = "hf", dtype: str | None = None) -> ModelConfig:
-    """Map a Hugging Face `config.json` dict to a ModelConfig (params in `dtype`, default the file's
-    `dtype` / `torch_dtype`, else float32). Raises CheckpointError naming an unsupported field."""
-    arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in _ARCHS:
-        raise CheckpointError(f"unsupported architecture {arch!r}; supported: {sorted(_ARCHS)}")
-    for field, ok in _IMPLEMENTED:
-        if hf.get(field) is not None and not ok(hf[field]):
-            raise CheckpointError(f"config.json: {field}={hf[field]!r} is not implemented for {arch} "
-                                  "(silu MLP without bias, full attention in every layer)")
-    dtype = dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32"
-    if dtype not in DTYPES:
-        raise CheckpointError(f"config.json: dtype {dtype!r} is not one of {sorted(DTYPES)}; pass dtype= to load it")
-    theta, scaling = _llama_rope(hf)
-    return ModelConfig(
-        name=name, vocab=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-        ffw=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
-        rope_theta=theta, rope_scaling=scaling, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=bool(hf.get("attention_bias", _ARCHS[arch])), tie_embeddings=bool(hf.get("tie_word_embeddings")),
-        dtype=dtype)
-
-
-def _hf_layout(cfg: ModelConfig):
-    """(hf name, params path, expected HF shape, convert) for every tensor of the checkpoint."""
-    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffw, cfg.vocab
-    same = lambda w: w  # noqa: E731
-    t = lambda *shape: (lambda w: w.T.reshape(shape))  # noqa: E731
-    rows = [("model.embed_tokens.weight", ("embed",), (V, D), same),
-            ("model.norm.weight", ("final_norm",), (D,), same)]
-    if not cfg.tie_embeddings:
-        rows.append(("lm_head.weight", ("lm_head",), (V, D), t(D, V)))
-    for i in range(cfg.n_layers):
-        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        rows += [(p + "input_layernorm.weight", ("layers", i, "attn_norm"), (D,), same),
-                 (a + "q_proj.weight", ("layers", i, "wq"), (N * H, D), t(D, N, H)),
-                 (a + "k_proj.weight", ("layers", i, "wk"), (K * H, D), t(D, K, H)),
-                 (a + "v_proj.weight", ("layers", i, "wv"), (K * H, D), t(D, K, H)),
-                 (a + "o_proj.weight", ("layers", i, "wo"), (D, N * H), t(N, H, D)),
-                 (p + "post_attention_layernorm.weight", ("layers", i, "mlp_norm"), (D,), same),
-                 (m + "gate_proj.weight", ("layers", i, "w_gate"), (F, D), t(D, F)),
-                 (m + "up_proj.weight", ("layers", i, "w_up"), (F, D), t(D, F)),
-                 (m + "down_proj.weight", ("layers", i, "w_down"), (D, F), t(F, D))]
-        if cfg.qkv_bias:
-            rows += [(a + f"{x}_proj.bias", ("layers", i, f"b{x}"), (n * H,), (lambda n: lambda w: w.reshape(n, H))(n))
-                     for x, n in (("q", N), ("k", K), ("v", K))]
-    return rows
-
-
-def _ignorable(names, cfg: ModelConfig) -> set[str]:
-    """Tensors a checkpoint may hold that the model does not read: RoPE buffers older transformers
-    saved, and the output head of a model whose embeddings are tied (it is the embedding's copy)."""
-    tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    return {n for n in names if n.endswith("rotary_emb.inv_freq")} | (tied & set(names))
-
-
-def load_hf(path: str, dtype: str | None = None) -> tuple[ModelConfig, Params]:
-    """Import a local HF Llama/Qwen2 checkpoint directory -> (ModelConfig, params).
-
-    Raises CheckpointError naming the tensor when one is missing, misshaped or not part of the model.
-    """
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no config.json; expected a Hugging Face checkpoint directory") from None
-    cfg = hf_config(hf, name=os.path.basename(os.path.normpath(path)), dtype=dtype)
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise CheckpointError(f"{path}: no *.safetensors files")
-    handles = [safe_open(f, framework="numpy") for f in files]
-    where = {k: h for h in handles for k in h.keys()}
-    layout = _hf_layout(cfg)
-    extra = sorted(set(where) - {row[0] for row in layout} - _ignorable(where, cfg))
-    if extra:
-        raise CheckpointError(f"{path}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} "
-                              f"for {cfg.n_layers}-layer {hf['architectures'][0]}")
-    params: dict = {"layers": [{} for _ in range(cfg.n_layers)]}
-    for hf_name, dest, shape, convert in layout:
-        if hf_name not in where:
-            raise CheckpointError(f"{path}: missing tensor {hf_name}")
-        got = tuple(where[hf_name].get_slice(hf_name).get_shape())
-        if got != shape:
-            raise CheckpointError(f"{path}: tensor {hf_name} has shape {got}, expected {shape}")
-        value = jax.numpy.asarray(convert(where[hf_name].get_tensor(hf_name)), cfg.jnp_dtype)
-        node = params
-        for key in dest[:-1]:
-            node = node[key]
-        node[dest[-1]] = value
-    check_params(params, cfg)
-    return cfg, params
-
-
-__all__ = ["CheckpointError", "ROPE_TYPES", "save_checkpoint", "read_config", "restore_checkpoint", "hf_config",
-           "hf_rope", "load_hf"]

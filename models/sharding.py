@@ -1,11 +1,11 @@
 """Sharding: one table mapping logical axes to mesh axes, and an engine's local mesh.
 
-Parameters, activations and caches all name their dims by logical axis (parameters in
-`models.params`, activations and caches in `models.model`); this table alone says which mesh axis
-each one splits over. Tensor parallelism runs over heads / kv heads / FFN / vocab on the mesh axis
-"tp" (Megatron style: activations of the model width stay whole, per-head tensors split like their
-weights). A dim that the mesh size does not divide is replicated (e.g. 2 kv heads on 4 devices), so
-any preset runs on any device count.
+Parameters, activations and caches all name their dims by logical axis (parameters in each family's
+declarations, activations in `models.layers`, caches in their `models.cache.CacheLayout`); this table
+alone says which mesh axis each one splits over. Tensor parallelism runs over heads / kv heads / FFN /
+vocab on the mesh axis "tp" (Megatron style: activations of the model width stay whole, per-head
+tensors split like their weights). A dim that the mesh size does not divide is replicated (e.g. 2 kv
+heads on 4 devices), so any preset runs on any device count.
 
 Inside model code, `constrain(x, axes)` pins an activation or cache to its logical sharding when a
 mesh is active (`with jax.set_mesh(mesh):` around the calls) and does nothing otherwise, so the
@@ -21,9 +21,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-from models.config import ModelConfig
-from models.params import map_decls
 
 LOGICAL_RULES: dict[str, str | None] = {
     # parameters (and the per-head / FFN / vocab dims of activations, split like their weights)
@@ -79,12 +76,3 @@ def constrain(x, axes):
     if mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(x.shape, axes, mesh)))
-
-
-def param_shardings(cfg: ModelConfig, mesh: Mesh):
-    """NamedSharding per param leaf, derived from the declarations."""
-    return map_decls(lambda _, d: logical_sharding(d.shape, d.axes, mesh), cfg)
-
-
-def shard_params(params, cfg: ModelConfig, mesh: Mesh):
-    return jax.device_put(params, param_shardings(cfg, mesh))

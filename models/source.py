@@ -5,9 +5,8 @@ from `config.json` / `model_config.json` alone, no tensors, so a rank that only 
 loads weights), `load_params(mesh)` (each host reads its local files onto its own devices), and
 `weights`, the identity of the weights that enters the KV store's fingerprint:
 
-* a preset of either family (`tiny`, `deepseek-tiny`, ...): `random-v2:<seed>` (v2: the draws of
-  `models.params.random_leaf` since 2026-12-02; the `random:<seed>` weights before them differ, and
-  a store written under them is refused);
+* a preset of any family (`tiny`, `deepseek-tiny`, ...): `random-v2:<seed>` (v2: the draws of
+  `models.params.random_leaf`; a store written under the earlier `random:<seed>` draws is refused);
 * a Hugging Face directory (`config.json` + `*.safetensors`, one file or sharded; Llama, Qwen2,
   DeepSeek-V3 / V3.2 through `models.load_hf`): `sha256:<16 hex>` over the resolved config and every
   safetensors file's sha256: the file's own where Hugging Face recorded it (a link into a hub cache,
@@ -33,8 +32,8 @@ import os
 import re
 import threading
 
-from models.config import PRESETS, ModelConfig, UnknownPreset
-from models.deepseek_config import DEEPSEEK_PRESETS, DeepSeekConfig
+from models.config import UnknownPreset
+from models.presets import PRESETS, preset_names
 
 CHUNK = 8 << 20  # bytes hashed per read
 _VOLATILE = {"_CHECKPOINT_METADATA", "commit_success.txt"}  # Orbax's timestamps: not the weights
@@ -50,7 +49,7 @@ class ModelSource:
 
     ref: str
     kind: str
-    config: ModelConfig | DeepSeekConfig
+    config: object  # the config of the model's family
     path: str | None = None
     seed: int = 0
 
@@ -74,49 +73,30 @@ class ModelSource:
         is missing, extra or misshaped."""
         import jax
 
-        from models import checkpoint, families
+        from models import checkpoint, hf, params
         if self.kind == "preset":
-            params = families.init_params(self.config, self.seed)
-            return params if mesh is None else families.shard_params(params, self.config, mesh)
+            values = params.init_params(self.config, self.seed)
+            return values if mesh is None else params.shard_params(values, self.config, mesh)
         if self.kind == "orbax":
-            shardings = None if mesh is None else families.param_shardings(self.config, mesh)
-            return restore_checkpoint(self.path, shardings)[1]
+            shardings = None if mesh is None else params.param_shardings(self.config, mesh)
+            return checkpoint.restore_checkpoint(self.path, shardings)[1]
         # Hugging Face: assemble in host memory when sharding, so no one device holds the whole model.
         with jax.default_device(jax.devices("cpu")[0] if mesh is not None else None):
-            cfg, params = families.load_hf(self.path)
+            cfg, values = hf.load_hf(self.path)
         if cfg != self.config:
             raise checkpoint.CheckpointError(f"{self.path}: its tensors were read as {cfg}, its config as "
                                              f"{self.config}")
-        return params if mesh is None else families.shard_params(params, cfg, mesh)
-
-
-def save_checkpoint(path: str, params, cfg) -> None:
-    """Write params of either family as an Orbax checkpoint with `model_config.json` beside them
-    (`models.checkpoint.save_checkpoint` with the family's tensor check)."""
-    from models import checkpoint, families
-    checkpoint.save_checkpoint(path, params, cfg, families.check_params)
-
-
-def restore_checkpoint(path: str, shardings=None):
-    """Read a checkpoint `save_checkpoint` wrote (either family) -> (config, params), onto `shardings`."""
-    from models import checkpoint, families
-    return checkpoint.restore_checkpoint(path, shardings, families.check_params, families.abstract_params)
-
-
-def preset_names() -> list[str]:
-    return [*PRESETS, *DEEPSEEK_PRESETS]
+        return values if mesh is None else params.shard_params(values, cfg, mesh)
 
 
 def resolve_model(ref: str, seed: int = 0) -> ModelSource:
-    """What `--model` names: a preset of either family or a checkpoint directory (see the module doc).
+    """What `--model` names: a preset of any family or a checkpoint directory (see the module doc).
 
     Reads only the config. Raises UnknownPreset (a ModelConfigError) for a name that is neither a
     preset nor a directory, listing the presets; CheckpointError for a directory that is not a
     checkpoint or whose config is not supported, naming the field."""
     if ref in PRESETS:
         return ModelSource(ref, "preset", PRESETS[ref], seed=seed)
-    if ref in DEEPSEEK_PRESETS:
-        return ModelSource(ref, "preset", DEEPSEEK_PRESETS[ref], seed=seed)
     path = os.path.abspath(ref)
     if not os.path.isdir(path):
         raise UnknownPreset(f"unknown model preset {ref!r}, and no checkpoint directory of that name; presets: "
@@ -125,26 +105,13 @@ def resolve_model(ref: str, seed: int = 0) -> ModelSource:
     from models import checkpoint
     if os.path.exists(os.path.join(path, "model_config.json")):
         return ModelSource(path, "orbax", checkpoint.read_config(path), path)
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(os.path.join(path, "config.json")):
         raise checkpoint.CheckpointError(
             f"--model {path}: a directory without config.json (Hugging Face) or model_config.json (Orbax); "
-            f"presets: {', '.join(preset_names())}") from None
-    except json.JSONDecodeError as e:
-        raise checkpoint.CheckpointError(f"{path}/config.json is not JSON: {e}") from None
-    return ModelSource(path, "hf", _hf_config(hf, path), path)
-
-
-def _hf_config(hf: dict, path: str):
-    """The config `models.load_hf` will build for this directory, from config.json alone."""
-    from models import checkpoint, hf_deepseek
-    name = os.path.basename(path)
-    try:
-        if hf.get("model_type") in hf_deepseek.MODEL_TYPES:
-            return hf_deepseek.hf_config(hf, name=name)
-        return checkpoint.hf_config(hf, name=name)
+            f"presets: {', '.join(preset_names())}")
+    from models import hf
+    try:  # the config `models.load_hf` will build for this directory, from config.json alone
+        return ModelSource(path, "hf", hf.hf_config(hf.read_hf_config(path), os.path.basename(path)), path)
     except KeyError as e:
         raise checkpoint.CheckpointError(f"{path}/config.json lacks the field {e.args[0]!r}") from None
 
@@ -200,4 +167,4 @@ def file_sha256(path: str) -> str:
     return _FILE_HASHES[key]
 
 
-__all__ = ["ModelSource", "resolve_model", "preset_names", "file_sha256", "save_checkpoint", "restore_checkpoint"]
+__all__ = ["ModelSource", "resolve_model", "file_sha256"]

@@ -11,7 +11,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("models", "kvstore", "dualjax", "launch")
 # models' modules the simulator and core tooling may use: plain Python and NumPy, no JAX
-JAX_FREE_MODELS = {"models", "models.config", "models.costs", "models.buckets", "models.deepseek_config"}
+JAX_FREE_MODELS = {"models", "models.config", "models.presets", "models.costs", "models.buckets", "models.dense",
+                   "models.dense.config", "models.dense.costs", "models.deepseek", "models.deepseek.config",
+                   "models.deepseek.costs"}
 
 # layer -> the layers it may import (besides itself and third-party packages)
 ALLOWED = {

@@ -18,14 +18,15 @@ import xxhash
 
 from dualjax.outputs import output_file
 from kvstore.pagecache import DIRECT_ALIGN, set_direct
-from kvstore.reads import VERIFY_BYTES
+from kvstore.preads import VERIFY_BYTES
 
 
 def show_progress() -> None:
     """A long run's progress on stderr: dualjax's INFO lines as plain messages, while other
     libraries stay at WARNING (JAX reports at INFO each accelerator backend it could not start)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
-    logging.getLogger("dualjax").setLevel(logging.INFO)
+    if logging.getLogger("dualjax").level == logging.NOTSET:  # unless --log-level set it
+        logging.getLogger("dualjax").setLevel(logging.INFO)
 
 
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:
@@ -52,12 +53,21 @@ def machine() -> dict:
             "backend": jax.default_backend(), "devices": len(jax.devices())}
 
 
-def parser(description: str, name: str) -> argparse.ArgumentParser:
-    """The flags every benchmark takes; `name`: its name after `dualjax bench`."""
-    p = argparse.ArgumentParser(prog=f"dualjax bench {name}", description=description)
+def add_common(p: argparse.ArgumentParser) -> None:
+    """The flags every benchmark takes."""
     p.add_argument("--json", metavar="FILE", type=output_file, help="also write the JSON object to FILE")
     p.add_argument("--quick", action="store_true", help="smaller grid for CI smoke runs")
-    return p
+
+
+def bench_args(name: str, description: str, add_arguments, argv=None, args=None) -> argparse.Namespace:
+    """`args` when the `dualjax` parser parsed them (`dualjax bench NAME`), else `argv` parsed by the
+    benchmark's own parser (`python -m dualjax.bench.NAME`, tests): the common flags and `add_arguments`'."""
+    if args is not None:
+        return args
+    p = argparse.ArgumentParser(prog=f"dualjax bench {name}", description=description)
+    add_common(p)
+    add_arguments(p)
+    return p.parse_args(argv)
 
 
 def emit(result: dict, path: str | None) -> None:
@@ -87,7 +97,7 @@ def raw_parallel_read(path: str, buf: np.ndarray, threads: int, checksum_bytes: 
     benchmarks' raw yardstick at the store's own parallelism). With `checksum_bytes`, each thread
     reads `VERIFY_BYTES` at a time and runs XXH3 over each `checksum_bytes` piece right after it
     lands, as the store verifies its reads: the least a checked read costs here when the kernel
-    makes the copy (a copy with non-temporal stores can beat it: docs/dataplane.md).
+    makes the copy (a copy with non-temporal stores can beat it).
     `direct`: the file opened `O_DIRECT` (past the page cache, as the store reads cold blocks; `buf`
     page-aligned, each share a whole number of pages)."""
     view = buf.reshape(-1).view(np.uint8)

@@ -47,11 +47,11 @@ import numpy as np
 import kvstore as kv
 import models
 from dualjax.bench.common import (
+    bench_args,
     drop_page_cache,
     emit,
     load_page_cache,
     machine,
-    parser,
     raw_parallel_read,
     trials_within,
 )
@@ -60,11 +60,11 @@ from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV, aligned_empty
 from dualjax.runtime.messages import LayerKV
 from dualjax.runtime.store import layout_for
-from dualjax.runtime.transport import BUSY_POLL_S, IDLE_MAX_S
+from dualjax.runtime.transport.mpi import BUSY_POLL_S, IDLE_MAX_S
 
 # Ratios are medians of each trial's ratio: of two that is their mean, so one stage stalled once (a VM's
-# stolen time: a relay stage of 65 ms against 11-16 ms, seen on 2026-12-03) decided `de_vs_bound`
-# (2.65); of three, one stall cannot.
+# stolen time can make a relay stage of 11-16 ms take 65 ms) would decide `de_vs_bound`; of three, one
+# stall cannot.
 MIN_TRIALS = 3
 
 
@@ -354,8 +354,7 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
             json.dump(summary | {"waits_inside_mpi": any(waited), "waits_inside_mpi_ranks": waited}, f)
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "dataplane")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedded-only", action="store_true", help="skip the mpiexec run")
     p.add_argument("--plot", metavar="PNG", type=output_file,
                    help="also draw where each path's time goes (per run and path) to PNG")
@@ -363,7 +362,10 @@ def main(argv=None) -> dict:
                    help="seconds of trials per run (embedded, embedded cold, mpiexec), after which no new trial "
                         "starts (default 30, 10 with --quick)")
     p.add_argument("--under-mpi", nargs=2, metavar=("OUT", "DIR"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("dataplane", __doc__, add_arguments, argv, args)
     requests, hit_tokens, trials, budget_s = (2, 4096, 5, 10.0) if args.quick else (4, 8192, 9, 30.0)
     if args.budget_s is not None:
         budget_s = args.budget_s

@@ -47,10 +47,10 @@ import shutil
 import time
 from typing import NamedTuple
 
-from dualjax.bench.common import emit, parser, show_progress
+from dualjax.bench.common import bench_args, emit, show_progress
 from dualjax.core.config import ClusterSpec, RunConfig, number
 from dualjax.core.workload import get_workload, turn_lengths
-from dualjax.outputs import load_run, output_dir
+from dualjax.outputs import comparison, load_run, output_dir
 from dualjax.plots import plot_compare
 from dualjax.runtime.launch import run_embedded
 from dualjax.runtime.startup import prefill_seconds
@@ -71,8 +71,8 @@ MARGIN = 0.9  # the runs are sized to this share of the wall time left
 PROBE_SHAPES = 4  # the speed probe times the control's most frequent pass shapes, once each
 
 
-def main(argv=None) -> dict:
-    args = _parse(argv)
+def main(argv=None, args=None) -> dict:
+    args = bench_args("e2e", __doc__, add_arguments, argv, args)
     show_progress()
     t_start = time.time()
     shutil.rmtree(args.out, ignore_errors=True)
@@ -90,15 +90,14 @@ def main(argv=None) -> dict:
                          "--max-wall-s after the essential runs" for r in m.left_out}
     out = _capped(run, walls, m, k, cap, lambda: time.time() - t_start, args, skipped)
     figure = os.path.join(args.out, "jct_per_policy.png")
-    plot_compare(figure, [(os.path.basename(d), *load_run(d)) for d in out["reports"]])
+    plot_compare(figure, comparison([(os.path.basename(d), load_run(d, ["ttft"])) for d in out["reports"]]))
     result = _result(args, m, out, k, cap, hit_bytes, planned, essential, figure, skipped, walls)
     result["wall_s"] = time.time() - t_start
     emit(result, args.json)
     return result
 
 
-def _parse(argv) -> argparse.Namespace:
-    p = parser(__doc__, "e2e")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/bench-e2e", type=output_dir, help="where the runs and plots go")
     p.add_argument("--storage-factor", type=number(),
                    help=f"the cap makes one storage NIC need this many times the uncapped JCT (default {FACTOR:g}; "
@@ -107,7 +106,6 @@ def _parse(argv) -> argparse.Namespace:
                    help="skip runs that would end past this many seconds of wall time (default 840)")
     p.add_argument("--hbm", action="store_true",
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
-    return p.parse_args(argv)
 
 
 class Run(NamedTuple):
@@ -283,7 +281,7 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "control_uncapped_jct_s": m.control["jct_s"], "hit_bytes": hit_bytes,
         "control_rows_per_pass": rows_per_pass(m.control),
         # what every run here profiled at start-up (once per process): the simulator replays it
-        "runtime_profile": {"prefill_tokens_per_s": m.control["prefill_tokens_per_s"],
+        "runtime_profile": {"prefill_tokens_per_s": m.control["runtime"]["prefill_tokens_per_s"],
                             "pack_fit": next(h["pack_fit"] for h in m.control["hosts"] if h["role"] == "prefill")},
         # the control's most frequent pass shapes [rows, new, prefix, passes], timed bare (passes x seconds)
         # right before and after it (and after it again at a shrunk size); each run's in `runs` (probe_bare_s)

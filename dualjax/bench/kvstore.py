@@ -16,12 +16,14 @@ interleaved trials (median). Writes at equal
 durability: `BlockStore.put` of 8 blocks at a time (one segment file per put, its index entry
 inside; each block visible atomically, only once complete) versus `tofile` to a temp file and a
 rename, with no fsync on either side, and with fsync on both. Cap: reads through a capped
-`StorageNIC`. Also reads of alternative TensorStore formats (zarr3 chunk per block, one `file`
-key per block, OCDBT) so the format choice is measured, not assumed.
+`StorageNIC`. The store's TensorStore back end against its POSIX back end (the default on a
+local directory), on the same disk. Also reads of alternative TensorStore formats (zarr3 chunk
+per block, one `file` key per block, OCDBT) so the format choice is measured, not assumed.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
@@ -37,10 +39,10 @@ import tensorstore as ts
 import kvstore as kv
 import models
 from dualjax.bench.common import (
+    bench_args,
     drop_page_cache,
     emit,
     load_page_cache,
-    parser,
     raw_parallel_read,
     show_progress,
     trials_within,
@@ -144,9 +146,8 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
         blocks.tofile(raw)
         hashes = [b.hash for b in ids]
         rng = np.random.default_rng(1)
-        # The buffers reads land in, allocated once and page-aligned as the runtime's are (until
-        # 2026-12-02 both came from NumPy, 16 bytes past a page: a kernel copy into that runs at a
-        # fraction of its speed on some CPUs, docs/store.md).
+        # The buffers reads land in, allocated once and page-aligned as the runtime's are (a kernel
+        # copy into NumPy's own, 16 bytes past a page, runs at a fraction of its speed on some CPUs).
         out, raw_buf = layout.empty(n), layout.empty(n)
         threads = kv.BlockStore.READER_THREADS
         rkv, nic = RequestKV(layout, n * layout.block_tokens), kv.StorageNIC("bench")
@@ -295,14 +296,39 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
     return out
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "kvstore")
+def backend_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budget_s: float = math.inf) -> dict:
+    """The TensorStore back end (`io="tensorstore"`: TensorStore's kvstore and zarr3 driver do the
+    I/O) against the POSIX back end on the same disk, interleaved: puts of 8 blocks into a fresh
+    directory each, then a `get` of every block in random order, checked."""
+    times: dict[str, list] = {io: [] for io in ("posix_write", "tensorstore_write", "posix_read", "tensorstore_read")}
+    rng = np.random.default_rng(2)
+    for t in trials_within(trials, budget_s):
+        for io in ("posix", "tensorstore"):
+            path = os.path.join(workdir, f"io-{t}-{io}")
+            with kv.BlockStore(kv.local_spec(path), layout, io=io) as store:
+                ids, _, dt = _fill(store, n, seed=t)
+                times[f"{io}_write"].append(dt)
+                hashes = [b.hash for b in ids]
+                _store_read(store, hashes, rng, layout.empty(n))  # warm-up: the page cache and the entries
+                times[f"{io}_read"].append(_store_read(store, hashes, rng, layout.empty(n)))
+            shutil.rmtree(path)
+    gbps = {k: _gbps(n * layout.block_bytes, statistics.median(w for w, _ in v)) for k, v in times.items()}
+    return {"tensorstore_read_gbps": gbps["tensorstore_read"], "tensorstore_write_gbps": gbps["tensorstore_write"],
+            "tensorstore_read_vs_posix": gbps["tensorstore_read"] / gbps["posix_read"],
+            "tensorstore_write_vs_posix": gbps["tensorstore_write"] / gbps["posix_write"],
+            "tensorstore_trials": len(times["posix_read"])}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=output_dir,
                    help="directory on the disk to measure (default: a temp dir under the cwd)")
     p.add_argument("--budget-s", type=number(low_ok=True), default=None,
                    help="seconds of trials per phase (warm reads, writes; cold reads half of it, the other "
                         "formats all together), after which no new trial starts (default 20, 5 with --quick)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("kvstore", __doc__, add_arguments, argv, args)
     t_start = time.perf_counter()
     show_progress()
     small, big = layout_for(models.get_config("small")), layout_for(models.get_config("qwen2.5-32b"))
@@ -314,6 +340,7 @@ def main(argv=None) -> dict:
         result = {"benchmark": "kvstore", "format": f"store format {kv.FORMAT_VERSION}: segment files (zarr3 shards "
                   "of up to S blocks, Layer Block chunks), one per put, ending in the segment's entry (XXH3-64 per "
                   "Layer Block, parent and tokens per block); index/<hash> a hard link to the segment file",
+                  "io": "posix (the local back end: pwritev / preadv; TensorStore only opens the store)",
                   **read_figures(small, n_small, workdir, trials, budget_s)}
         log.info("writes")
         result.update(write_figures(small, n_small, workdir, trials, budget_s))
@@ -321,6 +348,8 @@ def main(argv=None) -> dict:
         result.update(cap_figures(small, n_small, workdir, cap_mbps=100.0))
         log.info("reads: %d x %d MiB blocks (qwen2.5-32b)", n_big, big.block_bytes >> 20)
         result["qwen2.5-32b"] = read_figures(big, n_big, workdir, trials, budget_s)
+        log.info("the TensorStore back end")
+        result.update(backend_figures(small, n_small, workdir, trials, budget_s))
         log.info("alternative formats")
         result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials, budget_s)
         result["qwen2.5-32b"]["other_formats_read_gbps"] = format_figures(big, n_big, workdir, trials, budget_s)
@@ -333,14 +362,14 @@ def main(argv=None) -> dict:
         "Store reads: one get per request "
         "(read_*) or per layer (read_layer_major_*), or layer-major through an uncapped StorageNIC as a layerwise "
         "prefill reads (read_layer_major_nic_*: one RequestReads per request, one outcome per batch, not a "
-        "BlockRead per block and layer; cold, since 2026-12-02 the storage NIC reads such a request block by "
+        "BlockRead per block and layer; cold, the storage NIC reads such a request block by "
         "block, so read_layer_major_nic_cold_* is that read); preads of each segment's consecutive blocks on reader "
         "threads "
         "straight into a preallocated host buffer as the runtime's PE/DE buffers, checked as they land: every Layer "
         "Block's XXH3 checksum and every index entry (its XXH3 and the hash of parent and tokens) verified; "
         "raw: the same bytes from one file, preadv by as many threads as the store's readers into a reused buffer "
-        "(until 2026-12-01 raw was np.fromfile, which allocates a new buffer per read and so counted page faults "
-        "against raw: kept as raw_fromfile_gbps / read_vs_raw_fromfile); raw_read_checked: the raw read in 1 MiB "
+        "(raw_fromfile_gbps / read_vs_raw_fromfile: np.fromfile, which allocates a new buffer per read and so "
+        "counts page faults against raw); raw_read_checked: the raw read in 1 MiB "
         "preadvs with XXH3 over each Layer Block as it lands (the checksum's own cost, no store), so "
         "raw_checked_vs_raw is what verification alone leaves of the raw read and read_vs_raw_checked what the "
         "store's own work leaves of that. "
@@ -348,6 +377,9 @@ def main(argv=None) -> dict:
         "visible atomically (rename; a block only once its segment file is complete); write_vs_raw with no fsync "
         "on either side, write_fsync_vs_raw with fsync on both (the store fsyncs every segment file, its index entry "
         "inside, before its blocks' index links appear; links are not fsynced: one lost to a power cut is a miss). "
+        "tensorstore_*: the same store format read and written by the TensorStore back end (TensorStore's file "
+        "kvstore and zarr3 driver; the runtime's default on any kvstore but a local directory) against the POSIX "
+        "back end (pwritev / preadv), puts of 8 blocks and one get of them all, interleaved. "
         "other_formats_read_gbps: TensorStore formats read into the same buffer; zarr3 variants with one chunk per "
         "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
         "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "

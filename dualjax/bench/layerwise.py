@@ -22,6 +22,7 @@ waits on nothing new), from the start of the read.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import logging
 import os
@@ -34,7 +35,7 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import emit, load_page_cache, parser, show_progress, trials_within
+from dualjax.bench.common import bench_args, emit, load_page_cache, show_progress, trials_within
 from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
@@ -163,11 +164,13 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
             "peak_kv_layers": max(track) / padded_layer, "timeline": timeline}
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "layerwise")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PNG", type=output_file,
                    help="also draw each shape's timeline (per layer: read, compute; and the basic pass) to PNG")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("layerwise", __doc__, add_arguments, argv, args)
     show_progress()
     t_start = time.perf_counter()
     hit_tokens, miss, trials, budget_s = (2048, 256, 3, 40) if args.quick else (8192, 512, 5, 150)
@@ -180,7 +183,7 @@ def main(argv=None) -> dict:
     result["notes"] = (
         "Trials interleaved; times are medians, ratios medians of per-trial ratios. Storage NIC cap emulated, "
         "set so load ~= compute (the hardest case); reads really come "
-        "from the store on disk; compute on CPU in float32, sharing this 2-core machine with the reads. Layer-by-layer "
+        "from the store on disk; compute on CPU in float32, sharing the machine's cores with the reads. Layer-by-layer "
         "pipelining has a fill cost: with load = compute the best wall is (L+1)/L of either, so the ideal "
         "efficiency is L/(L+1) (0.8 for the 4-layer `small`, 0.94 for 16 layers; real models have 16-64). "
         "peak_kv_layers counts live device arrays of the per-layer prefix KV (padded to the prefix bucket).")

@@ -12,6 +12,7 @@ runs a checkpoint directory (Hugging Face or Orbax) with its own weights.
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import jax
@@ -19,11 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from dualjax.bench.common import emit, machine, matmul_flops_per_s, parser, show_progress, timeit
-from models import mla
-from models.config import ModelConfig
+from dualjax.bench.common import bench_args, emit, machine, matmul_flops_per_s, show_progress, timeit
 from models.costs import decode_bytes_per_step
-from models.model import attention_implementation, decode_implementation, decode_seq_major
 
 log = logging.getLogger("dualjax.bench.model")
 
@@ -63,17 +61,15 @@ def bench_decode(params, cfg, batch: int, context: int, steps: int) -> dict:
 def attention_report(cfg) -> dict:
     """The attention implementations prefill and decode run for `cfg` on this backend (decode over the
     cache layout `DecodeCache.create` picks)."""
-    if isinstance(cfg, ModelConfig):
-        seq_major = decode_seq_major(cfg)
-        return {"prefill": attention_implementation(cfg), "decode": decode_implementation(cfg, seq_major),
-                "decode_cache": "sequence-major" if seq_major else "head-major"}
-    return {"prefill": mla.attention_implementation(cfg), "decode": "einsum (absorbed MLA)"}
+    return cfg.family.attention(cfg)
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "model")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="small", help="a model preset or checkpoint directory (default small)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("model", __doc__, add_arguments, argv, args)
     show_progress()
     source = models.resolve_model(args.model, seed=0)
     cfg, params = source.config, source.load_params()

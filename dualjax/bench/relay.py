@@ -2,10 +2,14 @@
 `Send` of the same bytes in the same run, and the p99 latency of control messages while a relay
 saturates the link, with the priority lanes and with one FIFO lane.
 
-    python -m dualjax.bench.relay --json FILE [--quick]      (starts mpiexec -n 2 itself)
+    python -m dualjax.bench.relay --json FILE [--quick] [--hostfile FILE]   (starts mpiexec -n 2 itself)
 
 Rank 1 plays the DE (sender), rank 0 the PE (receiver). Both ranks share this machine, so the
-"link" is MPICH's shared-memory transport; nothing is emulated. The receive memory outlives the
+"link" is MPICH's shared-memory transport; nothing is emulated. With `--hostfile`, rank 0 runs on
+its first host and rank 1 on its second, and the link is the network between them (two namespaced
+hosts: `python -m dualjax.cli.hosts 2 -- dualjax bench relay --hostfile {hostfile}`; the strided
+relay then packs, as a host's transport does for another host); `hosts` and `shared_memory` say
+where the ranks ran and whether MPI gave them shared memory. The receive memory outlives the
 runs (one raw receive buffer, one transport pool), as a host's does for its whole life: memory
 allocated per run of ~25 ms was measured faulting in, 2-16 ms per 8 MiB on a VM (inside the MPI
 call that holds the progress thread and every control message behind it), for both the raw
@@ -22,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,8 +35,8 @@ import time
 
 import numpy as np
 
-from dualjax.bench.common import emit, parser
-from dualjax.core.config import number
+from dualjax.bench.common import bench_args, emit
+from dualjax.core.config import ConfigError, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +83,14 @@ def _raw(comm, layers, repeats: int, into: list[np.ndarray]) -> float:
     return time.perf_counter() - t0
 
 
-def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int, pool=None):
+def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None, chunk: int, pool=None,
+           pack_to=frozenset()):
     """Send the layers through MpiTransport, receiving into `pool` (None: a fresh one); returns
-    (seconds, control latencies in ms at rank 0)."""
+    (seconds, control latencies in ms at rank 0). `pack_to`: the transport's (the other rank, on
+    another host)."""
     from dualjax.runtime.messages import LayerKV
     from dualjax.runtime.transport import MpiTransport
-    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk, pool=pool)
+    t = MpiTransport(comm, priority=priority, chunk_bytes=chunk, pool=pool, pack_to=pack_to)
     comm.Barrier()
     t0, lat = time.perf_counter(), []
     if comm.rank == 1:
@@ -123,8 +130,12 @@ def _relay(comm, layers, repeats: int, priority: bool, ping_every: float | None,
 
 def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     from dualjax.runtime.buffers import BufferPool
-    from dualjax.runtime.transport import DEFAULT_WINDOW, MpiTransport, comm_world
+    from dualjax.runtime.transport import MpiTransport, comm_world
+    from dualjax.runtime.transport.receiver import DEFAULT_WINDOW
     comm = comm_world()
+    from mpi4py import MPI  # initialized by comm_world, with its settings
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() > 1
+    pack_to = frozenset() if shared else frozenset({1 - comm.rank})  # on two hosts: as a host's transport
     tokens = 2048 if quick else 4096
     layers, strided = _layer_blocks(4, tokens), _full_block_layers(4, tokens)
     repeats = 3 if quick else 8
@@ -132,7 +143,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
     # the receive memory outlives the runs, as a host's does: the raw buffers, one transport pool
     pool = BufferPool()
     for kvs in (layers, strided):  # warm-up: the pool grows to the buffers the relay keeps in rotation
-        _relay(comm, kvs, repeats, True, None, chunk, pool)
+        _relay(comm, kvs, repeats, True, None, chunk, pool, pack_to)
     # raw into one buffer, and into as many as the pool holds, in turn: where the relay's bytes land
     into = [np.ones_like(layers[0]) for _ in range(comm.bcast(pool.misses, root=0))]
     _raw(comm, layers, 1, into)
@@ -141,7 +152,7 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
         runs["raw"].append(_raw(comm, layers, repeats, into[:1]))
         runs["raw_same_buffers"].append(_raw(comm, layers, repeats, into))
         runs["relay"].append(_relay(comm, layers, repeats, True, None, chunk, pool)[0])
-        runs["strided"].append(_relay(comm, strided, repeats, True, None, chunk, pool)[0])
+        runs["strided"].append(_relay(comm, strided, repeats, True, None, chunk, pool, pack_to)[0])
         runs["fresh"].append(_relay(comm, layers, repeats, True, None, chunk)[0])
     raw_s, same_s, relay_s, strided_s, fresh_s = (min(runs[k]) for k in
                                                   ("raw", "raw_same_buffers", "relay", "strided", "fresh"))
@@ -155,9 +166,12 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             rounds[priority].append(_relay(comm, layers, lat_repeats, priority, 0.001, chunk, pool)[1])
     lat_prio, lat_fifo = ([x for r in rounds[p] for x in r] for p in (True, False))
     waited = comm.gather(MpiTransport.waits_inside_mpi)
+    hosts = comm.gather(socket.gethostname())
     if comm.rank == 0:
+        link = ("MPICH shared memory" if shared else "the network") + f", ranks on {', '.join(dict.fromkeys(hosts))}"
         result = {
-            "benchmark": "relay", "bytes": nbytes, "layer_bytes": layers[0].nbytes,
+            "benchmark": "relay", "hosts": hosts, "shared_memory": shared, "bytes": nbytes,
+            "layer_bytes": layers[0].nbytes,
             "raw_gbps": nbytes / raw_s / 1e9, "relay_gbps": nbytes / relay_s / 1e9,
             "relay_vs_raw": raw_s / relay_s,
             "raw_same_buffers_gbps": nbytes / same_s / 1e9, "relay_vs_raw_same_buffers": same_s / relay_s,
@@ -173,39 +187,50 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
             "control_p99_ms_fifo_rounds": [float(np.percentile(r, 99)) for r in rounds[False]],
             "control_messages": [len(lat_prio), len(lat_fifo)], "chunk_bytes": chunk, "window": DEFAULT_WINDOW,
             "waits_inside_mpi": any(waited), "waits_inside_mpi_ranks": waited,
-            "notes": "2 MPI ranks on one machine (MPICH shared memory); raw = comm.Send/Recv of each layer into one "
+            "notes": f"2 MPI ranks ({link}); raw = comm.Send/Recv of each layer into one "
                      "reused buffer; raw_same_buffers_gbps = the same into as many buffers as the relay's pool held "
                      "after a warm-up (raw_same_buffers), in turn, as the relay's pieces land "
                      "(relay_vs_raw_same_buffers: the transport's own cost, without that of landing in memory the "
                      "receiver keeps); relay = LayerKV through MpiTransport (pieces of chunk_bytes, at most window in "
                      "flight), each run's transport receiving into one pool kept across the runs, as a host's "
                      "transport keeps its pool (pool_buffers: how many it allocated, pool_reuses: layers received "
-                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, as this bench measured until "
-                     "2026-12-02); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
-                     "with an MPI datatype); best of 5, interleaved. Control: a ping every 1 ms while the relay "
+                     "into one it had; relay_vs_raw_fresh_pool: a fresh pool per run, memory new to the "
+                     "process); relay_strided = the same bytes as layer slices of Full Blocks (the DE's form, sent "
+                     "with an MPI datatype on one host, gathered into one buffer first between hosts); best of 5, "
+                     "interleaved. Control: a ping every 1 ms while the relay "
                      f"keeps 2 layers queued (the sender blocks in wait_backlog), for about {LATENCY_S} s per run, "
                      f"{LATENCY_ROUNDS} runs per lane alternating the lanes; control_p*_ms_* pool every run's pings "
-                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99 "
-                     "(until 2026-12-01 the bench ran one run per lane: its figure was the first round's); "
+                     "(control_messages: pings received per lane), control_p99_ms_*_rounds give each run's own p99; "
                      "FIFO = one lane in submission order.",
         }
         with open(out_path, "w") as f:
             json.dump(result, f)
 
 
-def main(argv=None) -> dict:
-    p = parser(__doc__, "relay")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-kib", type=number(kind=int), default=None, help="KV chunk size (default: the transport's)")
+    p.add_argument("--hostfile", help="run rank 0 (the PE) on the file's first host, rank 1 (the DE) on its second")
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    args = bench_args("relay", __doc__, add_arguments, argv, args)
     if args.under_mpi:
-        from dualjax.runtime.transport import DEFAULT_CHUNK_BYTES
+        from dualjax.runtime.transport.sender import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
         return {}
     from dualjax.runtime.launch import mpiexec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "relay.json")
-        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.relay", "--under-mpi", out]
+        hosts = []
+        if args.hostfile:
+            from dualjax.runtime.placement import read_nodes
+            nodes, source = read_nodes(args.hostfile)
+            if len(nodes) < 2:
+                raise ConfigError(f"{source} lists {len(nodes)} host; the relay needs two")
+            hosts = ["-hosts", f"{nodes[0].name}:1,{nodes[1].name}:1"]
+        cmd = [mpiexec(), *hosts, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.relay", "--under-mpi",
+               out]
         extra = (["--quick"] if args.quick else []) + (["--chunk-kib", str(args.chunk_kib)] if args.chunk_kib else [])
         subprocess.run(cmd + extra, check=True)
         result = json.load(open(out))

@@ -258,9 +258,9 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
 
 def main(args) -> int:
     """`dualjax calibrate`: measure, write the profile, print what it holds."""
-    path = args.out or DEFAULT_LOCAL
+    path = args.json or DEFAULT_LOCAL
     if why := unwritable_file(path):  # bad input now, not once measured
-        raise ConfigError(f"--out: {why}")
+        raise ConfigError(f"--json: {why}")
     hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
     a, b, c = hw.prefill_fit
     print(f"local profile ({args.model}) -> {path}\n"

@@ -4,42 +4,48 @@
     dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
                                                 --model: a preset or a checkpoint directory (docs/models.md)
     dualjax verify [--model M] --json FILE      bit-identical tokens across paths, modes and launchers
-    dualjax report DIR... [--png FILE]          compare runs in one table and one figure
+    dualjax report DIR... [--plot FILE]         compare runs, real and simulated, in one table (and a figure)
     dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
-    dualjax sim --cluster 2p4d ... [--json FILE] simulate a cluster at any scale (same scheduler and policies)
+    dualjax sim --cluster 2p4d ... [--out DIR]  simulate a cluster at any scale (same scheduler and policies)
     dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
     dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
     dualjax sim paper --json FILE [--no-large]  the paper's evaluation simulated: JSON, markdown table, figure
     dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
-    dualjax calibrate                           measure this machine into the simulator's `local` profile
+    dualjax calibrate [--json FILE]             measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
 
-Bad input (flags, presets, files, stores) ends with one line naming what was wrong and exit code 2;
-anything else is a bug and shows its traceback.
+Every subcommand takes --help and --log-level; the output flags mean the same everywhere: --out DIR
+(run outputs, docs/report.md), --json FILE (one JSON object), --plot FILE (a figure). Bad input
+(flags, presets, files, stores) ends with one line naming what was wrong and exit code 2; anything
+else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from dualjax.cli.errors import user_errors
+from dualjax.cli.parsing import add_lazy, common, json_flag, out_flag, plot_flag, set_log_level
 from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
-from dualjax.outputs import output_dir, output_file
 
-BENCHES = {"model": "dualjax.bench.model", "kvstore": "dualjax.bench.kvstore", "relay": "dualjax.bench.relay",
-           "layerwise": "dualjax.bench.layerwise", "e2e": "dualjax.bench.e2e", "dataplane": "dualjax.bench.dataplane"}
+BENCHES = {"model": ("dualjax.bench.model", "prefill/decode throughput vs this machine's matmul FLOP/s"),
+           "kvstore": ("dualjax.bench.kvstore", "block store vs raw file I/O of the same bytes"),
+           "relay": ("dualjax.bench.relay", "DE->PE relay over MPI vs a plain Send"),
+           "layerwise": ("dualjax.bench.layerwise", "layerwise prefill: overlap of storage loading and compute"),
+           "e2e": ("dualjax.bench.e2e", "DualPath vs Basic on embedded clusters, storage-bound"),
+           "dataplane": ("dualjax.bench.dataplane", "hit-KV bytes/s each read path delivers into prefill")}
 
 
 def cmd_run(args) -> int:
     from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
+    from dualjax.runtime.preflight import REFUSED
     cfg = from_args(RunConfig, args)
-    check_run(cfg)
+    check_run(cfg, embedded=args.embedded)
     if not args.embedded:
         rc = launch_mpi(cfg, quiet=args.quiet)
-        if rc:
+        if rc and rc != REFUSED:  # a refusal is rank 0's one line already
             print(f"dualjax run: a host failed (exit code {rc})", file=sys.stderr)
             for path in failed_hosts(cfg.out):  # mpiexec may have ended the job before it forwarded the host's print
                 with open(path) as f:
@@ -49,72 +55,80 @@ def cmd_run(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser. Subcommands that import JAX (`bench NAME`, `sim validate`) get their flags only
+    when `argv` runs them (`parsing.add_lazy`); every one is listed by its parent's --help."""
     from dualjax.cli import plan, sim, workload
-    parser = argparse.ArgumentParser(prog="dualjax", description=__doc__,
+    argv = _words(argv or [])
+    parser = argparse.ArgumentParser(prog="dualjax", description=__doc__, parents=[common()],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="a small agentic workload on an embedded 1P1D cluster")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parent = [common()]
+    demo = sub.add_parser("demo", help="a small agentic workload on an embedded 1P1D cluster", parents=parent)
     demo.add_argument("--quick", action="store_true", help="fewer agents and turns, the tiny model (CI smoke run)")
     demo.add_argument("--model", help="model preset or checkpoint directory (default: small, or tiny with --quick)")
-    demo.add_argument("--out", default="runs/demo", type=output_dir, help="output directory (default runs/demo)")
-    run = sub.add_parser("run", help="one run on a cluster")
+    out_flag(demo, "runs/demo", "the two runs' outputs")
+    run = sub.add_parser("run", help="one run on a cluster", parents=parent)
     add_flags(run, RunConfig)
     run.add_argument("--embedded", action="store_true", help="all hosts in this process (no MPI)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    ver = sub.add_parser("verify", help="bit-identical tokens across paths, layerwise modes and launchers")
-    ver.add_argument("--json", metavar="FILE", type=output_file)
-    ver.add_argument("--out", default="runs/verify", type=output_dir)
+    run.set_defaults(func=cmd_run)
+    ver = sub.add_parser("verify", help="bit-identical tokens across paths, layerwise modes and launchers",
+                         parents=parent)
+    json_flag(ver, "the comparison")
+    out_flag(ver, "runs/verify", "the runs' outputs")
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     ver.add_argument("--model", default="tiny", help="model preset or checkpoint directory (default tiny)")
-    plan.add_parser(sub)
-    sim.add_parsers(sub)
-    workload.add_parser(sub)
-    rep = sub.add_parser("report", help="compare runs in one table and one figure")
-    rep.add_argument("dirs", nargs="+", help="run output directories (each with report.json)")
-    rep.add_argument("--png", default="report.png", type=output_file, help="figure path (default report.png)")
-    sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
+    ver.add_argument("--hosts", metavar="N|FILE", help="check 1P2D and 2P2D across hosts: N made as Linux namespaces "
+                     "here (root), or a hostfile's (docs/cluster.md)")
+    plan.add_parser(sub, parent)
+    sim.add_parsers(sub, parent, argv)
+    workload.add_parser(sub, parent)
+    rep = sub.add_parser("report", help="compare runs, real and simulated, in one table (and one figure)",
+                         parents=parent)
+    rep.add_argument("dirs", nargs="+", metavar="DIR", help="run output directories (`--out` of run, sim, demo)")
+    json_flag(rep, "the table (one object per run)")
+    plot_flag(rep, "JCT per run, the TTFT CDFs and the storage-NIC balance over time")
+    bench = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}", parents=parent)
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
+    for name, (module, help_) in BENCHES.items():
+        add_lazy(benches, name, module, help_, argv[:2] == ["bench", name], _bench_flags)
     return parser
 
 
+def _words(argv: list[str]) -> list[str]:
+    """`argv` without a leading --log-level: the subcommand's words first."""
+    while argv and argv[0].startswith("--log-level"):
+        argv = argv[1 if "=" in argv[0] else 2:]
+    return argv
+
+
+def _bench_flags(p: argparse.ArgumentParser) -> None:
+    from dualjax.bench.common import add_common
+    add_common(p)
+
+
 def dispatch(args) -> int:
-    if args.command == "run":
-        return cmd_run(args)
-    module = {"demo": "demo", "verify": "verify", "plan": "plan", "sim": "sim", "calibrate": "calibrate",
-              "report": "report", "workload": "workload"}[args.command]
-    return importlib.import_module(f"dualjax.cli.{module}").main(args)
+    if hasattr(args, "func"):
+        return args.func(args)
+    import importlib
+    return importlib.import_module(f"dualjax.cli.{args.command}").main(args)
 
 
-def _own_parser(command: list[str], module: str, argv: list[str]) -> int:
-    """`module.main(argv)`, a command with its own parser, its bad input reported in one line."""
-    try:
-        importlib.import_module(module).main(argv)
-    except user_errors() as e:
-        print(f"dualjax {' '.join(command)}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+def _name(args) -> str:
+    """The subcommand as typed, for its error line: `sim ablation`, `bench e2e`, `report`."""
+    return " ".join(x for x in (args.command, getattr(args, "sim_command", None), getattr(args, "bench", None)) if x)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     use_compile_cache()
-    if argv[:2] == ["sim", "ablation"]:
-        from dualjax.cli.sim import ablation_main
-        return ablation_main(argv[2:])
-    if argv[:2] == ["sim", "validate"]:
-        return _own_parser(argv[:2], "dualjax.cli.validate", argv[2:])
-    if argv[:2] in (["sim", "paper"], ["sim", "fit"]):  # the paper's evaluation; the fit of paper-h800
-        return _own_parser(argv[:2], f"dualjax.cli.{argv[1]}", argv[2:])
-    if argv[:1] == ["bench"]:
-        if len(argv) < 2 or argv[1] not in BENCHES:
-            print(f"usage: dualjax bench {{{','.join(BENCHES)}}} [--json FILE] [--quick] ...", file=sys.stderr)
-            return 2
-        return _own_parser(argv[:2], BENCHES[argv[1]], argv[2:])
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
+    set_log_level(getattr(args, "log_level", None))
     try:
         return dispatch(args)
     except user_errors() as e:
-        print(f"dualjax {args.command}: error: {e}", file=sys.stderr)
+        print(f"dualjax {_name(args)}: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -1,6 +1,6 @@
 """`dualjax sim paper`: the paper's evaluation points simulated, in one JSON, a markdown table and a figure.
 
-    dualjax sim paper --json FILE [--md FILE] [--png FILE] [--no-large] [--sensitivity] [--max-wall-s S]
+    dualjax sim paper --json FILE [--md FILE] [--plot FILE] [--no-large] [--sensitivity] [--max-wall-s S]
 
 On `paper-h800` as `dualjax sim fit` fitted it (or `--hardware FIT_OR_PROFILE`): the ablation at 2P4D x
 1,024 and 2,048 agents, DualPath / Basic / Oracle at 512, 2,048 and 4,096 agents, storage-NIC balance
@@ -26,12 +26,11 @@ from dualjax.sim.paper import ABLATION_STEPS, OFFLINE, QUICK, Scale, markdown, r
 from dualjax.sim.profiles import PAPER_FIT, get_hardware
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="dualjax sim paper", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", metavar="FILE", type=output_file, required=True)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", type=output_file, required=True,
+                   help="write the result as one JSON object to FILE")
     p.add_argument("--md", metavar="FILE", type=output_file, help="markdown table (default: FILE.md beside --json)")
-    p.add_argument("--png", metavar="FILE", type=output_file, help="figure (default: FILE.png beside --json)")
+    p.add_argument("--plot", metavar="FILE", type=output_file, help="figure, PNG (default: FILE.png beside --json)")
     p.add_argument("--hardware", default="paper-h800",
                    help="paper-h800 (its packaged fit), a fit file of `dualjax sim fit`, or a profile JSON")
     p.add_argument("--no-large", dest="large", action="store_false", help="leave out 48P96D x 49,152 agents")
@@ -40,14 +39,21 @@ def main(argv=None) -> dict:
     p.add_argument("--max-wall-s", type=number(inf_ok=True), default=float("inf"),
                    help="skip points predicted to end past this wall time (default: none skipped)")
     p.add_argument("--quick", action="store_true", help="every point at a tiny scale (2P2D, a few agents: CI)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    """Run alone (`argv`) or from the `dualjax` parser (`args`)."""
+    p = argparse.ArgumentParser(prog="dualjax sim paper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = args if args is not None else p.parse_args(argv)
     hw = get_hardware(args.hardware)
     fit_file = _fit_of(args.hardware)
     print(f"sim paper on {hw.name}{' (quick)' if args.quick else ''}: " + hw.notes.split(" Fit: ")[-1])
     result = reproduce(hw, fit_file, QUICK if args.quick else Scale(), args.large, args.sensitivity, args.max_wall_s)
     result = json.loads(json.dumps(result))  # the keys as the file has them
     base = args.json.rsplit(".", 1)[0]
-    result["table"], result["plot"] = args.md or base + ".md", args.png or base + ".png"
+    result["table"], result["plot"] = args.md or base + ".md", args.plot or base + ".png"
     table = markdown(result)
     with open(result["table"], "w") as f:
         f.write(table)

@@ -11,18 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from dualjax.outputs import output_file
 
-
-def add_parser(sub) -> None:
+def add_parser(sub, parent: list) -> None:
+    from dualjax.cli.parsing import json_flag
     from dualjax.cli.sim import add_sweep_flags
-    plan = sub.add_parser("plan", help="the P/D ratio window for given hardware (and a simulated sweep)")
+    plan = sub.add_parser("plan", help="the P/D ratio window for given hardware (and a simulated sweep)",
+                          parents=parent)
     plan.add_argument("--gpus-per-node", type=int, default=8)
     plan.add_argument("--snic-per-node", type=float, default=1.0)
     plan.add_argument("--snic-gbps", type=float, help="Gbit/s per storage NIC (default: --cnic-gbps)")
     plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
     plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")
-    plan.add_argument("--json", metavar="FILE", type=output_file)
+    json_flag(plan, "the window (and the sweep)")
     add_sweep_flags(plan)
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args, number
-from dualjax.outputs import output_dir, output_file
 
 
-def add_parsers(sub) -> None:
-    sim = sub.add_parser("sim", help="simulate a cluster (any size) with the runtime's scheduler and policies; "
-                         "`dualjax sim validate` compares it with real runs")
+def add_parsers(sub, parent: list, argv: list[str]) -> None:
+    """`sim` (a simulation) with its subcommands `ablation`, `validate`, `paper` and `fit`, and `calibrate`; `argv`: the
+    command line's words from the subcommand on (a lazy subcommand's flags load only when it runs)."""
+    from dualjax.cli.parsing import add_lazy, json_flag, out_flag, plot_flag
+    sim = sub.add_parser("sim", parents=parent, help="simulate a cluster (any size) with the runtime's scheduler "
+                         "and policies; subcommands: ablation, validate, paper, fit")
     add_flags(sim, SimConfig)
     sim.add_argument("--find-capacity", action="store_true",
                      help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
@@ -21,16 +22,29 @@ def add_parsers(sub) -> None:
                      "and scores that window")
     sim.add_argument("--slo-attainment", type=number(high=1.0), default=0.9,
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
-    sim.add_argument("--out", default="runs/sim", type=output_dir,
-                     help="report.json, requests.npz and plots (default runs/sim)")
-    sim.add_argument("--json", metavar="FILE", type=output_file)
+    out_flag(sim, None, "the run's request table, report.json and plots, as a real run's")
+    json_flag(sim, "the report (without hosts and storage series), or the capacity search")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
-    cal = sub.add_parser("calibrate", help="measure this machine into the simulator's `local` profile")
+    sim.set_defaults(func=main)
+    subs = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    abl = subs.add_parser("ablation", parents=parent, help="Basic, + layerwise prefill, + dual-path loading (naive "
+                          "scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")
+    add_flags(abl, SimConfig, skip=("policy", "scheduler", "layerwise", "aps"))
+    json_flag(abl, "the ablation table")
+    plot_flag(abl, "a bar plot of JCT per step")
+    abl.set_defaults(func=ablation_main)
+    add_lazy(subs, "validate", "dualjax.cli.validate", "the e2e benchmark's configurations, for real and in the "
+             "simulator, compared", argv[:2] == ["sim", "validate"])
+    add_lazy(subs, "paper", "dualjax.cli.paper", "the paper's evaluation points simulated: JSON, a markdown table "
+             "and a figure", argv[:2] == ["sim", "paper"])
+    add_lazy(subs, "fit", "dualjax.cli.fit", "fit paper-h800's three fitted inputs to the paper's figures and "
+             "write the fit file", argv[:2] == ["sim", "fit"])
+    cal = sub.add_parser("calibrate", parents=parent, help="measure this machine into the simulator's `local` profile")
     cal.add_argument("--model", default="small")
     cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
                      "(default agentic-e2e, the e2e benchmark's)")
     cal.add_argument("--decode-slots", type=int, default=8)
-    cal.add_argument("--out", type=output_file, help="profile path (default runs/calibrate/local.json)")
+    json_flag(cal, "the profile (default runs/calibrate/local.json, the `local` profile)")
 
 
 def add_sweep_flags(plan: argparse.ArgumentParser) -> None:
@@ -59,12 +73,13 @@ def main(args) -> int:
         _write_json(args.json, result)
         return 0
     report = simulate(cfg, out=args.out, progress=not args.quiet)
-    t = report["ttft_s"]
+    t, own = report["ttft_s"], report["sim"]
     print(f"sim {cfg.cluster.name} {report['policy']} on {cfg.hardware}: {report['requests']} requests  "
           f"JCT {report['jct_s']:.1f} s  {report['tokens_per_s']:.0f} tok/s  TTFT p50 {t['p50']:.2f} s "
           f"p99 {t['p99']:.2f} s  TPOT p50 {(report['tpot_s']['p50'] or 0) * 1e3:.1f} ms  "
           f"SNIC max/avg {report['snic_max_over_avg'] or float('nan'):.2f}  "
-          f"{report['events']} events in {report['wall_s']:.1f} s ({report['events_per_s']:.0f}/s)  -> {args.out}")
+          f"{own['events']} events in {own['wall_s']:.1f} s ({own['events_per_s']:.0f}/s)"
+          + (f"  -> {args.out}" if args.out else ""))
     _write_json(args.json, {k: v for k, v in report.items() if k not in ("storage_series", "hosts")})
     return 0
 
@@ -90,32 +105,19 @@ def cmd_sweep(args, window) -> dict:
     return result
 
 
-def ablation_main(argv) -> int:
-    """`dualjax sim ablation ... [--json FILE] [--png FILE]`: the ablation table, its JSON and a bar plot."""
-    from dualjax.cli.errors import user_errors
+def ablation_main(args) -> int:
+    """`dualjax sim ablation ... [--json FILE] [--plot FILE]`: the ablation table, its JSON and a bar plot."""
     from dualjax.sim.ablation import ablation
-    p = argparse.ArgumentParser(prog="dualjax sim ablation", description="Basic, + layerwise prefill, + dual-path "
-                                "loading (naive scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")
-    add_flags(p, SimConfig, skip=("policy", "scheduler", "layerwise", "aps"))
-    p.add_argument("--json", metavar="FILE", type=output_file)
-    p.add_argument("--png", metavar="FILE", type=output_file,
-                   help="bar plot of JCT per step (default: next to --json, else none)")
-    args = p.parse_args(argv)
-    try:
-        cfg = from_args(SimConfig, args)
-        print(f"ablation: {cfg.cluster.name} x {cfg.agents or 'preset'} agents of {cfg.workload}, {cfg.model} on "
-              f"{cfg.hardware}")
-        result = ablation(cfg)
-    except user_errors() as e:
-        print(f"dualjax sim ablation: error: {e}", file=sys.stderr)
-        return 2
+    cfg = from_args(SimConfig, args)
+    print(f"ablation: {cfg.cluster.name} x {cfg.agents or 'preset'} agents of {cfg.workload}, {cfg.model} on "
+          f"{cfg.hardware}")
+    result = ablation(cfg)
     print(f"{'step':12s} {'JCT s':>9s} {'vs Basic':>9s} {'SNIC max/avg':>13s}")
     for k, v in result["jct_s"].items():
         print(f"{k:12s} {v:9.1f} {result['vs_basic'].get(k, 0):+9.1%} {result['snic_max_over_avg'][k] or 0:13.2f}")
-    png = args.png or (args.json.rsplit(".", 1)[0] + ".png" if args.json else None)
-    if png:
-        plot_ablation(png, result)
-        result["plot"] = png
+    if args.plot:
+        plot_ablation(args.plot, result)
+        result["plot"] = args.plot
     _write_json(args.json, result)
     return 0
 

@@ -36,9 +36,7 @@ CONTROL_RUN = "control-uncapped-1p1d-basic"  # the e2e benchmark's name for its 
 SIM_RESERVE_S = 60.0  # wall time kept for the simulations (a few seconds here; 3x slower machines fit too)
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="dualjax sim validate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", type=output_file)
     p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
     p.add_argument("--storage-factor", type=number(), help="passed to the e2e benchmark (its default: 6)")
@@ -52,7 +50,14 @@ def main(argv=None) -> dict:
     p.add_argument("--max-wall-s", type=number(inf_ok=True), default=840.0,
                    help="wall-time bound: calibration (when the profile is missing or --recalibrate) runs first, "
                    "then the e2e benchmark gets what it and the simulations leave (default 840)")
-    args = p.parse_args(argv)
+
+
+def main(argv=None, args=None) -> dict:
+    """Run alone (`argv`) or from the `dualjax` parser (`args`)."""
+    p = argparse.ArgumentParser(prog="dualjax sim validate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = args if args is not None else p.parse_args(argv)
     show_progress()
     t0 = time.time()
     real = _load_real(p, args.real) if args.real else None

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 
 from dualjax.core.workload import PAPER_TABLE, length_stats
-from dualjax.outputs import output_file
 
 
-def add_parser(sub) -> None:
-    wl = sub.add_parser("workload", help="workload statistics (`dualjax workload stats NAME --json FILE`)")
-    wsub = wl.add_subparsers(dest="workload_command", required=True)
-    st = wsub.add_parser("stats", help="turns, append, gen, total and mean context of a workload (docs/paper.md §9)")
+def add_parser(sub, parent: list) -> None:
+    from dualjax.cli.parsing import json_flag
+    wl = sub.add_parser("workload", help="workload statistics (`dualjax workload stats NAME --json FILE`)",
+                        parents=parent)
+    wsub = wl.add_subparsers(dest="workload_command", required=True, metavar="SUBCOMMAND")
+    st = wsub.add_parser("stats", help="turns, append, gen, total and mean context of a workload (docs/paper.md §9)",
+                         parents=parent)
     st.add_argument("name", help="a workload preset or a trajectory file *.jsonl")
     st.add_argument("--agents", type=int, help="override the preset's number of agents")
     st.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    st.add_argument("--json", metavar="FILE", type=output_file)
+    json_flag(st, "the statistics")
 
 
 def stats(name: str, agents: int | None = None, seed: int = 0) -> dict:

@@ -88,12 +88,11 @@ def use_compile_cache(environ=None) -> str | None:
 
 
 def setting(default, help: str, *, flag: str | None = None, negate: str | None = None, parse=None,
-            cli: bool = True, hidden: bool = False, factory=None):
+            cli: bool = True, factory=None):
     """A config field with its flag: `flag` overrides the name (default --field-name), `negate`
     makes a store_false flag of that name for a True-default bool, `parse` turns the flag's text
-    into the value, `cli=False` keeps it off the command line (a programmatic setting), `hidden`
-    keeps it out of --help (a test hook)."""
-    meta = {"help": help, "flag": flag, "negate": negate, "parse": parse, "cli": cli, "hidden": hidden}
+    into the value, `cli=False` keeps it off the command line (a programmatic setting)."""
+    meta = {"help": help, "flag": flag, "negate": negate, "parse": parse, "cli": cli}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -121,11 +120,9 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = (
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = getattr(default, "name", default)
         help_ = f"{f.metadata['help']} (default: {shown})" if default is not None else f.metadata["help"]
-        if f.metadata.get("hidden"):
-            help_ = argparse.SUPPRESS
         if f.metadata.get("negate"):
             parser.add_argument(_flag(f), dest=f.name, action="store_false", default=default,
-                                help=argparse.SUPPRESS if f.metadata.get("hidden") else f.metadata["help"])
+                                help=f.metadata["help"])
         elif typ is bool:
             parser.add_argument(_flag(f), dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_)
@@ -264,13 +261,16 @@ class RunConfig(Settings):
     pe_buffer_mb: float = setting(512.0, "PE host buffer, MB")
     de_buffer_mb: float = setting(512.0, "DE host buffer, MB")
     decode_slots: int = setting(8, "sequences a decode host decodes together")
-    store: str | None = setting(None, "store directory (default: OUT/store)")
+    store: str | None = setting(None, "store directory, one that every host reaches (default: OUT/store)")
     store_gb: float | None = setting(None, "KV store byte budget in GB, LRU-evicted (default: the store filesystem's "
                                      "free space less a margin)")
-    out: str = setting("runs/latest", "output directory for requests.jsonl and report.json")
+    out: str = setting("runs/latest", "output directory: requests.parquet, report.json, plots (docs/report.md) "
+                       "and the store unless --store")
+    hostfile: str | None = setting(None, "run across hosts: a file of one HOST[:N] per line, or 'slurm' for "
+                                   "SLURM_JOB_NODELIST; PEs take the first nodes, DEs the next, the scheduler "
+                                   "runs on the first (docs/cluster.md)")
     hash_seed: int = setting(0, "block hash seed", cli=False)
     param_seed: int = setting(0, "random-weight seed", cli=False)
-    inject_failure: int | None = setting(None, "test hook: this rank raises on its first request", hidden=True)
 
     def __post_init__(self):
         super().__post_init__()
@@ -287,8 +287,8 @@ class SimConfig(Settings):
 
     cluster: ClusterSpec = setting(None, "PpDd in nodes", parse=str, factory=lambda: ClusterSpec(2, 4))
     model: str = setting("deepseek-v3.2", "deepseek-v3.2 or a model preset")
-    workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl or "
-                            "sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
+    workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl, "
+                            "mooncake:PATH[:LIMIT[:LENGTH_SCALE]] or sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
     hardware: str = setting("paper-h800", "paper-h800, oracle, local (from `dualjax calibrate`) or a profile JSON "
                             "file")
     window_s: float = setting(1.0, "storage-NIC balance and bandwidth plot window, s", cli=False)

@@ -52,7 +52,8 @@ class StoreCounters:
     """What the KV store saw, per host and summed under report.json's `store`: blocks read and
     verified, bad blocks (corrupt, truncated, missing data: read as misses and recomputed), misses
     (no index entry at read time), index entries invalidated, write-backs that failed (disk full,
-    I/O error, permission: blocks left uncached) and blocks evicted by the byte budget."""
+    I/O error, permission: blocks left uncached), blocks evicted by the byte budget, and times the
+    store's own metadata was found damaged and rebuilt or set aside (each reported by one host)."""
 
     blocks_read: int = 0
     bad_blocks: int = 0
@@ -60,6 +61,7 @@ class StoreCounters:
     invalidated: int = 0
     write_failures: int = 0
     evicted: int = 0
+    recovered: int = 0
 
     @classmethod
     def from_counts(cls, counts: dict) -> StoreCounters:
@@ -105,17 +107,16 @@ class HostStats:
     decode_steps: int | None = None  # DE only
 
     def to_json(self) -> dict:
-        """The host's entry in report.json (None fields left out; the storage series is reported apart)."""
+        """The host's entry in report.json: every key, null where this host (real or simulated) does not
+        measure it (the storage series is reported apart)."""
         out = {"rank": self.rank, "role": self.role, "kv_sent_bytes": self.kv_sent_bytes,
                "control_sent_bytes": self.control_sent_bytes,
                "storage_bytes": self.snic.bytes_read if self.snic else 0,
-               "bytes_written": self.store.bytes_written if self.store else 0}
-        if self.store is not None and self.store.counters:
-            out["store"] = dict(self.store.counters)
+               "bytes_written": self.store.bytes_written if self.store else 0,
+               "store": dict(self.store.counters) if self.store is not None and self.store.counters else None}
         for f in ("busy_s", "buffer_peak_bytes", "buffer_budget_bytes", "passes", "pass_s", "pass_predicted_s",
                   "pack_fit", "decode_steps"):
-            if getattr(self, f) is not None:
-                out[f] = getattr(self, f)
-        if self.pass_shapes is not None:
-            out["pass_shapes"] = [t.to_json() for t in sorted(self.pass_shapes, key=lambda t: t.shape)]
+            out[f] = getattr(self, f)
+        out["pass_shapes"] = (None if self.pass_shapes is None else
+                              [t.to_json() for t in sorted(self.pass_shapes, key=lambda t: t.shape)])
         return out

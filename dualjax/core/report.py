@@ -6,8 +6,8 @@ TTFT / TTST / TPOT (mean, p50, p99), SLO attainment, hit rate, path decisions, a
 storage bytes, busy fraction and relay bytes; storage-NIC balance is Max/Avg of per-host bytes
 read in 1-s windows, averaged over the steady state (from the first to the last window in which
 every NIC read; `snic_max_over_avg_all_windows` counts every window in which any NIC read).
-Plots: `storage.png` (storage read bandwidth per host over time) and `ttft_cdf.png`. The simulator writes the same
-report from its own columns (`write_report`), and `requests.npz` instead of `requests.jsonl`.
+Real runs and simulations build the same report (`build_report`) from the same request table
+(`REQUEST_COLUMNS`); their own keys go under `runtime` and `sim`. docs/report.md documents every key.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from dualjax.core.config import Settings
 from dualjax.core.records import HostStats, StoreCounters
 
 TIME_KEYS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "done", "stored")
@@ -46,6 +47,26 @@ def normalise(records: list[dict]) -> list[dict]:
     return out
 
 
+def window_bytes(series: list[list], window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(window start times, bytes read per host and window [hosts, windows]) from per-host series of
+    (seconds, cumulative bytes) points."""
+    end = max((s[-1][0] for s in series if len(s)), default=0.0)
+    edges = np.arange(0.0, end + window_s, window_s)
+    per_host = []
+    for s in series:
+        t = np.array([p[0] for p in s] or [0.0])
+        b = np.array([p[1] for p in s] or [0.0])
+        per_host.append(np.diff(np.interp(edges, t, b, left=0.0)))
+    return edges[:-1], np.stack(per_host)
+
+
+def balance_over_time(series: list[list], window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(window start times, max/avg of the bytes the storage NICs read in each window; NaN where none read)."""
+    t, m = window_bytes(series, window_s)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return t, np.where(m.sum(axis=0) > 0, m.max(axis=0) / m.mean(axis=0), np.nan)
+
+
 def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = True) -> float | None:
     """Mean over time windows of max/avg bytes read across storage NICs (1.0 = perfectly even).
 
@@ -55,15 +76,7 @@ def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = T
     series = [h.snic.series for h in hosts if h.snic is not None]
     if not series or not any(series):
         return None
-    end = max(s[-1][0] for s in series if s)
-    edges = np.arange(0.0, end + window_s, window_s)
-    per_host = []
-    for s in series:
-        t = np.array([p[0] for p in s] or [0.0])
-        b = np.array([p[1] for p in s] or [0.0])
-        cum = np.interp(edges, t, b, left=0.0)
-        per_host.append(np.diff(cum))
-    m = np.stack(per_host)  # [hosts, windows]
+    _, m = window_bytes(series, window_s)  # [hosts, windows]
     busy = m.sum(axis=0) > 0
     if steady:
         every = np.flatnonzero((m > 0).all(axis=0))
@@ -74,19 +87,73 @@ def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = T
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-COLUMNS = ("prompt_tokens", "gen_len", "hit_tokens", "arrival", "done", "ttft", "ttst", "tpot", "restarts")
+SCHEMA_VERSION = 1  # of report.json and the request table (docs/report.md); a change of either bumps it
+
+# The request table (requests.parquet, docs/report.md): name -> (kind, unit, meaning). Real and simulated runs
+# write every column; one a source does not measure is null there.
+REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "id": ("int", "", "request id, in the order requests reached the scheduler"),
+    "agent": ("int", "", "agent (trajectory or session) index"),
+    "turn": ("int", "", "turn of the agent, from 0"),
+    "prompt_tokens": ("int", "tokens", "prompt length"),
+    "hit_tokens": ("int", "tokens", "prompt tokens whose KV was read from storage (whole blocks)"),
+    "gen_len": ("int", "tokens", "tokens the request generates"),
+    "path": ("str", "", "read path of the hit KV: pe, de, or none (a run without a store)"),
+    "pe": ("int", "rank", "prefill engine"),
+    "de": ("int", "rank", "decode engine"),
+    "restarts": ("int", "", "times the prefill restarted with fewer hit blocks (bad blocks found mid-read)"),
+    "arrival": ("float", "s", "the request reached the scheduler (the previous turn's end plus any pause)"),
+    "scheduled": ("float", "s", "the scheduler placed it on engines"),
+    "prefill_start": ("float", "s", "its (first) prefill pass started"),
+    "prefill_end": ("float", "s", "its last prefill pass ended"),
+    "first_token": ("float", "s", "the first generated token was out"),
+    "done": ("float", "s", "the last generated token was out"),
+    "ttft": ("float", "s", "time to first token: first_token - arrival"),
+    "ttst": ("float", "s", "time to second token: second token - first token; null when gen_len is 1"),
+    "tpot": ("float", "s", "time per output token after the first; null when gen_len is 1"),
+    "stored": ("float", "s", "real runs: its KV was written back to the store; null when simulated"),
+    "load_wait": ("float", "s", "simulated, Basic: from the row's admission by its PE until its KV load started "
+                  "(its batch formed, with memory); null in real runs and layerwise prefill"),
+    "generated": ("ids", "token ids", "real runs: the generated token ids; null when simulated"),
+}
+PATHS = ("pe", "de", "none")
 
 
 def columns(records: list[dict]) -> dict[str, np.ndarray]:
-    """Normalised records as the per-request columns a report is computed from (None -> nan)."""
-    cols = {k: np.array([np.nan if r.get(k) is None else r.get(k, 0) for r in records], float) for k in COLUMNS}
-    cols["path"] = np.array([r["path"] for r in records])
+    """A real run's normalised records (`normalise`) as the request table's columns (None -> NaN)."""
+    cols = {}
+    for k, (kind, _, _) in REQUEST_COLUMNS.items():
+        if kind == "float":
+            cols[k] = np.array([np.nan if r.get(k) is None else r[k] for r in records], np.float64)
+        elif kind == "int":
+            cols[k] = np.array([r.get(k, 0) for r in records], np.int64)
+    cols["path"] = np.array([r["path"] for r in records], dtype=object)
+    cols["generated"] = np.empty(len(records), dtype=object)  # one array per request, whatever their lengths
+    for i, r in enumerate(records):
+        cols["generated"][i] = np.asarray(r.get("generated", []), np.int32)
     return cols
+
+
+def complete(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`cols` as the request table: every column of REQUEST_COLUMNS in its kind (missing ones null: NaN
+    or None), `id` numbered when absent."""
+    n = len(cols["arrival"])
+    out = {}
+    for k, (kind, _, _) in REQUEST_COLUMNS.items():
+        v = cols.get(k)
+        if kind == "float":
+            out[k] = np.full(n, np.nan) if v is None else np.asarray(v, np.float64)
+        elif kind == "int":
+            out[k] = (np.arange(n) if k == "id" else np.zeros(n, np.int64)) if v is None else np.asarray(v, np.int64)
+        else:
+            out[k] = np.full(n, None, dtype=object) if v is None else np.asarray(v, dtype=object)
+    return out
 
 
 def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: str,
               slo: tuple[float, float]) -> dict:
-    """report.json's metrics from per-request columns (`columns`) and per-host stats."""
+    """report.json's run metrics (docs/report.md) from the request table's columns and per-host stats;
+    `build_report` adds the rest."""
     jct = float(cols["done"].max() - cols["arrival"].min())
     gen, prompt, hit = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens"))
     tpot = cols["tpot"]
@@ -96,20 +163,41 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
         entry["storage_busy_fraction"] = h.snic.busy_s / jct if h.snic is not None and jct else None
         per_host.append(entry)
     relay = sum(h.kv_sent_bytes for h in hosts if h.role == "decode")
-    paths, counts = np.unique(cols["path"], return_counts=True)
+    paths, counts = np.unique(cols["path"].astype(str), return_counts=True)
     return {
-        "config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-                   for k, v in dataclasses.asdict(cfg).items()},
+        "config": settings_json(cfg)[0],
         "policy": policy, "requests": len(cols["done"]), "jct_s": jct, "generated_tokens": int(gen),
         "tokens_per_s": gen / jct if jct else None, "prompt_tokens": int(prompt), "hit_tokens": int(hit),
         "hit_rate": hit / prompt if prompt else 0.0,
         "ttft_s": _stats(cols["ttft"]), "ttst_s": _stats(cols["ttst"]), "tpot_s": _stats(tpot),
         "slo": {"ttft_s": slo[0], "tpot_s": slo[1], "attained": float(np.mean(
             (cols["ttft"] <= slo[0]) & (np.isnan(tpot) | (tpot <= slo[1]))))},
-        "paths": {str(p): int(n) for p, n in zip(paths, counts)},
+        "paths": dict.fromkeys(PATHS, 0) | {str(p): int(n) for p, n in zip(paths, counts)},
         "restarts": int(cols["restarts"].sum()),
         "store": StoreCounters.total(h.store.counters for h in hosts if h.store is not None).to_json(),
         "relay_bytes": relay, "snic_max_over_avg": snic_balance(hosts),
         "snic_max_over_avg_all_windows": snic_balance(hosts, steady=False),
         "hosts": per_host,
     }
+
+
+def settings_json(cfg) -> tuple[dict, dict]:
+    """(the settings every run has, those only this kind of run has) of a RunConfig or SimConfig, as JSON."""
+    shared = {f.name for f in dataclasses.fields(Settings)}
+    values = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+              for k, v in dataclasses.asdict(cfg).items()}
+    return ({k: v for k, v in values.items() if k in shared}, {k: v for k, v in values.items() if k not in shared})
+
+
+def build_report(kind: str, cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: str,
+                 slo: tuple[float, float], workload: dict, own: dict) -> dict:
+    """The whole report.json (docs/report.md) of a `kind` ("real" or "simulated") run: the metrics, the
+    workload's odd records and trace hits (`workload.workload_report`), the storage series, and `own`
+    (this kind's own keys, with its own settings added as `config`) under "runtime" or "sim"."""
+    report = {"schema_version": SCHEMA_VERSION, "kind": kind, **summarize(cols, hosts, cfg, policy, slo),
+              "workload": workload,
+              "storage_series": {f"{h.role}{h.rank}": [list(p) for p in h.snic.series]
+                                 for h in hosts if h.snic is not None}}
+    mine = {"config": settings_json(cfg)[1], **own}
+    report["runtime"], report["sim"] = (mine, None) if kind == "real" else (None, mine)
+    return report

@@ -1,9 +1,9 @@
 """Recorded agentic coding sessions as a workload: `sessions:PATH[:LIMIT[:LENGTH_SCALE]]`.
 
-The files are `../shared/traces/agentic-coding/trace_*.json.gz` (traces/README.md §2.4): one
-session per file, per request its input and output token counts, one hash id per full 64-token
-block of the input (`len(hash_ids) == in // 64`; the last `in % 64` tokens are not hashed) and its
-time in the session. Each session is an agent and each request a turn:
+One session per file (JSON, gzipped or not; the format is docs/workloads.md's): per request its input
+and output token counts, one hash id per full 64-token block of the input (`len(hash_ids) == in // 64`;
+the last `in % 64` tokens are not hashed) and its time in the session. Each session is an agent and
+each request a turn:
 
 * a turn's prompt is its blocks' tokens: the tokens of a block are deterministic in (session,
   copy, hash id), so equal ids share KV through the store's chained block hashes and different
@@ -21,8 +21,10 @@ time in the session. Each session is an agent and each request a turn:
 * more agents than sessions sample sessions with replacement (docs/paper.md §9 does this for its own
   trajectories); a copy has its own tokens and, offline, starts up to one recorded turn late.
 
-`trace_hit_rate` is the traces/README §4 token hit rate (unbounded per-session cache, arrival
-order, longest leading run of seen ids) of the requests replayed, at their replayed lengths.
+A request that cannot be replayed as recorded follows a rule (`ODD_RULES`, counted in the report);
+only a file that cannot be read at all is refused. `trace_hit_rate` is the token hit rate (unbounded
+per-session cache, arrival order, longest leading run of seen ids) of the requests replayed, at their
+replayed lengths.
 NumPy only; the simulator takes `session_table` (lengths, hits and pauses, no tokens).
 """
 
@@ -59,6 +61,7 @@ class Session:
     ids: tuple[np.ndarray, ...]  # R arrays of block hash ids (local to the session)
     pauses: np.ndarray  # [R] seconds between the previous request's end and this one's start (0 first)
     api_s: np.ndarray  # [R] recorded response time (0 where not recorded)
+    odd: dict[str, int] = dataclasses.field(default_factory=dict)  # times each of `ODD_RULES` applied
 
     @property
     def key(self) -> int:
@@ -113,14 +116,38 @@ def session_files(path: str) -> list[str]:
     return [path]
 
 
+# Odd records (docs/workloads.md): what a recorded request that cannot be replayed as recorded becomes.
+ODD_RULES = {
+    "zero_output": "a request that generated 0 tokens generates 1",
+    "skipped": "a request without a replayable prompt (missing or bad 'in', 'out' or 'hash_ids', or hash ids "
+               "that do not match 'in') is left out; its session goes on with the next request",
+    "bad_pause": "a missing, negative or non-numeric 'think_time' is replaced by the recorded gap",
+    "bad_time": "a missing, non-numeric or decreasing 't' is taken as the previous request's (no gap)",
+    "beyond_context": "a session ends before its first request whose prompt + generation exceeds the model's "
+                      "context (a Mooncake request longer than it is left out)",
+    "empty_sessions": "a session none of whose requests can be replayed is left out",
+}
+
+
+def no_odd_records() -> dict[str, int]:
+    """Every rule of `ODD_RULES` applied 0 times: report.json's `workload.odd_records` of a clean workload."""
+    return dict.fromkeys(ODD_RULES, 0)
+
+
 @functools.lru_cache(maxsize=8)
 def load_sessions(path: str, limit: int | None = None) -> tuple[Session, ...]:
-    """The first `limit` sessions of a directory (sorted by file name) or one file."""
-    return tuple(read_session(f) for f in session_files(path)[:limit])
+    """The first `limit` sessions of a directory (sorted by file name) or one file that hold a replayable
+    request (`ODD_RULES`); raises SessionError when none does."""
+    loaded = tuple(read_session(f) for f in session_files(path)[:limit])
+    if not any(len(s.inputs) for s in loaded):
+        raise SessionError(f"{path}: no replayable request in {len(loaded)} session file(s) (docs/workloads.md)")
+    return loaded
 
 
 def read_session(path: str) -> Session:
-    """One session file, gzipped or not. Raises SessionError naming the file and the line or request."""
+    """One session file, gzipped or not. A file that cannot be read as a session (not gzip, not JSON, no
+    list of requests) raises SessionError naming the file and the line; an odd request follows its rule
+    in `ODD_RULES` and is counted in `Session.odd`."""
     try:
         with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
             d = json.load(f)
@@ -133,39 +160,49 @@ def read_session(path: str) -> Session:
     block = d.get("block_size", SESSION_BLOCK)
     if not isinstance(block, int) or block < 1:
         raise SessionError(f"{path}: block_size must be a positive integer, got {block!r}")
-    rows = []
-    for i, r in enumerate(d["requests"]):
-        try:
-            rows.append(_request(r, block))
-        except KeyError as e:
-            raise SessionError(f"{path}: request {i}: missing field {e}") from None
-        except (TypeError, ValueError) as e:
-            raise SessionError(f"{path}: request {i}: {e}") from None
-    t = np.array([r[3] for r in rows])
-    if np.any(np.diff(t) < 0):
-        raise SessionError(f"{path}: request {int(np.argmax(np.diff(t) < 0)) + 1}: time 't' goes backwards")
-    api = np.array([r[5] for r in rows])
-    gaps = np.maximum(0.0, np.diff(t, prepend=t[0]) - np.roll(api, 1))
-    pauses = np.array([r[4] if r[4] is not None else g for r, g in zip(rows, gaps)])
-    pauses[0] = 0.0
+    odd, rows = no_odd_records(), []
+    for r in d["requests"]:
+        if (row := _request(r, block, odd)) is None:
+            continue
+        last = rows[-1][3] if rows else None
+        if row[3] is None or (last is not None and row[3] < last):  # no gap before it
+            odd["bad_time"] += 1
+            row = (*row[:3], last or 0.0, *row[4:])
+        rows.append(row)
+    odd["empty_sessions"] = int(not rows)
+    t = np.array([r[3] for r in rows], float)
+    api = np.array([r[5] for r in rows], float)
+    gaps = np.maximum(0.0, np.diff(t, prepend=t[:1]) - np.roll(api, 1))
+    pauses = np.array([r[4] if r[4] is not None else g for r, g in zip(rows, gaps)], float)
+    pauses[:1] = 0.0
     return Session(str(d.get("id") or os.path.basename(path)), block, np.array([r[0] for r in rows], np.int64),
-                   np.array([r[1] for r in rows], np.int64), tuple(r[2] for r in rows), pauses, api)
+                   np.array([r[1] for r in rows], np.int64), tuple(r[2] for r in rows), pauses, api, odd)
 
 
-def _request(r: dict, block: int) -> tuple:
-    n_in, n_out, ids = r["in"], r["out"], r["hash_ids"]
-    if not isinstance(n_in, int) or n_in < 1 or not isinstance(n_out, int) or n_out < 1:
-        raise ValueError(f"'in' and 'out' must be positive integers, got {n_in!r}, {n_out!r}")
-    if not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids):
-        raise ValueError("'hash_ids' must be a list of non-negative integers")
-    if len(ids) not in (n_in // block, -(-n_in // block)):
-        raise ValueError(f"{len(ids)} hash ids for {n_in} tokens: expected {n_in // block} (full {block}-token "
-                         f"blocks) or {-(-n_in // block)} (a partial last block too)")
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+
+def _request(r, block: int, odd: dict[str, int]) -> tuple | None:
+    """(in, out, hash ids, t or None, think time or None, api time) of one recorded request, or None when
+    it is skipped; `odd` counts the rules applied (`ODD_RULES`; `bad_time` is the caller's)."""
+    r = r if isinstance(r, dict) else {}
+    n_in, n_out, ids = r.get("in"), r.get("out"), r.get("hash_ids")
+    good_ids = isinstance(ids, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids)
+    if (not isinstance(n_in, int) or n_in < 1 or not isinstance(n_out, int) or n_out < 0 or not good_ids
+            or len(ids) not in (n_in // block, -(-n_in // block))):
+        odd["skipped"] += 1
+        return None
+    if n_out == 0:
+        odd["zero_output"] += 1
+        n_out = 1
     think = r.get("think_time")
-    if think is not None and (not isinstance(think, (int, float)) or think < 0):
-        raise ValueError(f"'think_time' must be a number >= 0, got {think!r}")
-    t, api = float(r["t"]), float(r.get("api_time") or 0.0)
-    return n_in, n_out, np.asarray(ids, np.int64), t, think, api
+    if think is not None and not (_number(think) and think >= 0):
+        odd["bad_pause"] += 1
+        think = None
+    t, api = r.get("t"), r.get("api_time")
+    return (n_in, n_out, np.asarray(ids, np.int64), float(t) if _number(t) else None, think,
+            float(api) if _number(api) and api > 0 else 0.0)
 
 
 # -- lengths and hits (what the simulator needs) ------------------------------------------------------
@@ -183,7 +220,7 @@ def block_sizes(s: Session, k: int, scale: float = 1.0) -> tuple[np.ndarray, int
 
 
 def session_hits(s: Session, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt tokens, hit tokens) per request: traces/README §4, an unbounded cache of every id
+    """(prompt tokens, hit tokens) per request: an unbounded cache of every id
     seen earlier in the session; a request reuses its longest leading run of seen ids."""
     seen: set[int] = set()
     prompt, hit = np.zeros(len(s.inputs), np.int64), np.zeros(len(s.inputs), np.int64)
@@ -208,7 +245,7 @@ class SessionTable:
     hit: list[np.ndarray]
     gen: list[np.ndarray]
     pause: list[np.ndarray]
-    dropped: int = 0  # requests of the loaded sessions left out by `max_len`
+    odd: dict[str, int] = dataclasses.field(default_factory=no_odd_records)  # `ODD_RULES` applied, over the files
 
     @property
     def trace_hit_rate(self) -> float:
@@ -246,8 +283,9 @@ def session_table(spec: SessionSpec, agents: int | None = None, seed: int = 0, t
         rng = stream("session-sample", seed, 1)
         span = [loaded[i].api_s[0] + (turns[i][3][1] if len(turns[i][3]) > 1 else 0.0) for i in which]
         start = np.where(copy > 0, rng.uniform(0, 1, n) * np.array(span), 0.0)
-    dropped = sum(len(s.inputs) for s in loaded) - sum(len(t[0]) for t in turns.values())
-    return SessionTable(which, copy, start, *([turns[i][k] for i in which] for k in range(4)), dropped)
+    odd = {k: sum(s.odd.get(k, 0) for s in loaded) for k in ODD_RULES}
+    odd["beyond_context"] = sum(len(s.inputs) for s in loaded) - sum(len(t[0]) for t in turns.values())
+    return SessionTable(which, copy, start, *([turns[i][k] for i in which] for k in range(4)), odd)
 
 
 # -- tokens (what a real run needs) ---------------------------------------------------------------

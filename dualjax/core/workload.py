@@ -8,13 +8,16 @@ hits come from the agent's own earlier turns. Lengths are drawn around each pres
 (lognormal, `spread` = sigma), deterministic in the seed and the agent id. Tool latency is zero
 unless `think_s` is set (an exponential pause before each later turn).
 
-Also: trajectory files (JSONL, `load_trajectories`) and Mooncake traces (`mooncake_trace`).
+Also: trajectory files (JSONL, `load_trajectories`), Mooncake traces (`mooncake_trace`) and recorded
+sessions (`dualjax.core.sessions`); `trace_table` gives the two recorded kinds as the simulator
+replays them, and `workload_report` what report.json says of a workload (odd records, trace hits).
 Offline mode starts every agent at 0; online mode (`aps`) starts them as a Poisson process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -212,40 +215,99 @@ def _agent_from_json(d: dict, vocab: int, rng) -> Agent:
 MOONCAKE_BLOCK = 512
 
 
-def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: float = 1.0,
-                   length_scale: float = 1.0, seed: int = 0) -> list[Agent]:
-    """Requests of a Mooncake trace (`../shared/traces/`), each a one-turn agent.
+def _mooncake_row(r, odd: dict[str, int]) -> tuple | None:
+    """(arrival s, input tokens, output tokens, hash ids) of one Mooncake record, or None when it is
+    skipped (`sessions.ODD_RULES`: a missing or bad field, or hash ids that do not cover the input)."""
+    r = r if isinstance(r, dict) else {}
+    t, n_in, n_out, ids = r.get("timestamp"), r.get("input_length"), r.get("output_length"), r.get("hash_ids")
+    if (not isinstance(t, (int, float)) or not isinstance(n_in, int) or n_in < 1 or not isinstance(n_out, int)
+            or n_out < 0 or not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids)
+            or len(ids) != -(-n_in // MOONCAKE_BLOCK)):
+        odd["skipped"] += 1
+        return None
+    if n_out == 0:
+        odd["zero_output"] += 1
+    return float(t) / 1e3, n_in, max(1, n_out), tuple(ids)
 
-    Each 512-token `hash_id` maps to deterministic token ids (seeded by the id), so requests that
-    share leading hash ids share their prefix tokens and hence KV blocks. Arrivals are spread
-    uniformly inside each timestamp tick (the traces are quantised to ~3 s). `length_scale`
-    shrinks every block (and output) for small machines; `time_scale` compresses time.
-    """
-    rows = []
+
+@functools.lru_cache(maxsize=4)
+def read_mooncake(path: str, limit: int | None = None) -> tuple[tuple, dict[str, int]]:
+    """(the first `limit` replayable records, the rules applied) of a Mooncake trace (JSONL: timestamp
+    in ms, input_length, output_length, one hash id per 512 input tokens). A line that is not JSON
+    makes the file unreadable (WorkloadError naming file and line); an odd record follows its rule."""
+    rows, odd = [], sessions.no_odd_records()
     for n, line in enumerate(_lines(path), start=1):
         if limit is not None and len(rows) >= limit:
             break
+        if not line.strip():
+            continue
         try:
             r = json.loads(line)
-            rows.append((float(r["timestamp"]) / 1e3, int(r["input_length"]), int(r["output_length"]),
-                         [int(h) for h in r["hash_ids"]]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise WorkloadError(f"{path}:{n}: not a Mooncake trace record: {e}") from None
+        except ValueError as e:
+            raise WorkloadError(f"{path}:{n}: not JSON: {e}") from None
+        if (row := _mooncake_row(r, odd)) is not None:
+            rows.append(row)
     if not rows:
-        raise WorkloadError(f"{path}: no requests")
+        raise WorkloadError(f"{path}: no replayable Mooncake record (docs/workloads.md)")
+    return tuple(rows), odd
+
+
+def mooncake_requests(path: str, limit: int | None = None, time_scale: float = 1.0, length_scale: float = 1.0,
+                      seed: int = 0, max_len: int | None = None) -> tuple[list[tuple], dict[str, int]]:
+    """The replayed requests of a Mooncake trace in arrival order, each (start s, hash ids, tokens per
+    hash block, output tokens), and the odd-record counts. Arrivals are spread uniformly inside each
+    timestamp tick (the traces are quantised to ~3 s); `length_scale` shrinks every block and output;
+    a request longer than `max_len` (prompt + output) is left out (`beyond_context`)."""
+    rows, odd = read_mooncake(path, limit)
+    odd = dict(odd)
     ticks = sorted({t for t, *_ in rows})
     tick = min(np.diff(ticks)) if len(ticks) > 1 else 0.0
     rng = stream("trace-jitter", seed)
     block = max(1, int(round(MOONCAKE_BLOCK * length_scale)))
-    agents = []
+    out = []
     for t, n_in, n_out, hashes in rows:
-        last = n_in - MOONCAKE_BLOCK * (len(hashes) - 1)
-        ids = [stream("trace-blocks", seed, h).integers(0, vocab, block) for h in hashes]
-        ids[-1] = ids[-1][:max(1, int(round(last * length_scale)))]
         start = (t + rng.uniform(0, tick)) * time_scale
-        agents.append(Agent(start, [Turn(np.concatenate(ids).astype(np.int32),
-                                         max(1, int(round(n_out * length_scale))))]))
-    return sorted(agents, key=lambda a: a.start)
+        sizes = np.full(len(hashes), block, np.int64)
+        sizes[-1] = max(1, int(round((n_in - MOONCAKE_BLOCK * (len(hashes) - 1)) * length_scale)))
+        gen = max(1, int(round(n_out * length_scale)))
+        if max_len is not None and sizes.sum() + gen > max_len:
+            odd["beyond_context"] += 1
+            continue
+        out.append((start, hashes, sizes, gen))
+    if not out:
+        raise WorkloadError(f"{path}: no request fits the model's {max_len} tokens; shrink them with LENGTH_SCALE")
+    return sorted(out, key=lambda x: x[0]), odd
+
+
+def mooncake_trace(path: str, vocab: int, limit: int | None = None, time_scale: float = 1.0,
+                   length_scale: float = 1.0, seed: int = 0, max_len: int | None = None) -> list[Agent]:
+    """Requests of a Mooncake trace (`mooncake_requests`), each a one-turn agent. Each 512-token hash
+    id maps to deterministic token ids (seeded by the id), so requests that share leading hash ids
+    share their prefix tokens and hence KV blocks."""
+    agents, block = [], max(1, int(round(MOONCAKE_BLOCK * length_scale)))
+    for start, hashes, sizes, gen in mooncake_requests(path, limit, time_scale, length_scale, seed, max_len)[0]:
+        ids = [stream("trace-blocks", seed, h).integers(0, vocab, block)[:n] for h, n in zip(hashes, sizes)]
+        agents.append(Agent(start, [Turn(np.concatenate(ids).astype(np.int32), gen)]))
+    return agents
+
+
+def mooncake_table(spec: sessions.SessionSpec, agents: int | None = None, seed: int = 0,
+                   max_len: int | None = None) -> sessions.SessionTable:
+    """A Mooncake trace as the simulator takes it: each request a one-turn agent with its prompt, its
+    hit tokens (the leading run of hash ids seen in earlier requests: an unbounded cache shared by
+    all requests, in arrival order) and its output."""
+    requests, odd = mooncake_requests(spec.path, spec.limit or agents, length_scale=spec.scale, seed=seed,
+                                      max_len=max_len)
+    seen: set[int] = set()
+    prompt, hit = [], []
+    for _, hashes, sizes, _ in requests:
+        run = ([h not in seen for h in hashes] + [True]).index(True)
+        prompt.append(np.array([sizes.sum()]))
+        hit.append(np.array([sizes[:run].sum()]))
+        seen.update(hashes)
+    n = len(requests)
+    return sessions.SessionTable(np.arange(n), np.zeros(n, np.int64), np.array([r[0] for r in requests]), prompt,
+                                 hit, [np.array([r[3]]) for r in requests], [np.zeros(1)] * n, odd)
 
 
 def length_stats(lengths: list[tuple[np.ndarray, np.ndarray]]) -> dict:
@@ -267,21 +329,54 @@ def slo_for(name: str) -> tuple[float, float]:
     return (spec.slo_ttft_s, spec.slo_tpot_s) if spec else PAPER_SLO
 
 
+def _spec(name: str) -> sessions.SessionSpec:
+    try:
+        return sessions.parse_spec(name)
+    except sessions.SessionError as e:
+        raise WorkloadError(str(e)) from None
+
+
 def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = None, turns: int | None = None,
                   aps: float | None = None, think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
     """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT[:SCALE]]` or
-    `sessions:PATH[:LIMIT[:SCALE]]`."""
+    `sessions:PATH[:LIMIT[:SCALE]]`; a recorded request longer than `max_len` (the model's context)
+    is not replayed (`sessions.ODD_RULES`)."""
     if name.startswith("sessions:"):
         return session_agents(name, vocab, seed, agents, aps, think_time, max_len)
     if name.startswith("mooncake:"):
-        try:
-            spec = sessions.parse_spec(name)
-        except sessions.SessionError as e:
-            raise WorkloadError(str(e)) from None
-        return mooncake_trace(spec.path, vocab, limit=spec.limit or agents, seed=seed, length_scale=spec.scale)
+        spec = _spec(name)
+        return mooncake_trace(spec.path, vocab, limit=spec.limit or agents, seed=seed, length_scale=spec.scale,
+                              max_len=max_len)
     if name.endswith(".jsonl"):
         return load_trajectories(name, vocab, seed)
     return agents_for(get_workload(name, agents=agents, turns=turns), vocab, seed, aps)
+
+
+def trace_table(name: str, agents: int | None = None, seed: int = 0, think_time: str = "zero",
+                aps: float | None = None, max_len: int | None = None) -> sessions.SessionTable | None:
+    """A recorded trace (`sessions:` or `mooncake:`) as per-agent, per-turn prompt, hit, output and pause
+    lengths, as the simulator replays it and the report counts it; None for other workloads."""
+    if not name.startswith(("sessions:", "mooncake:")):
+        return None
+    spec = _spec(name)
+    if name.startswith("mooncake:"):
+        return mooncake_table(spec, agents, seed, max_len)
+    try:
+        return sessions.session_table(spec, agents, seed, think_time,
+                                      None if aps is None else (lambda n: start_times(n, seed, aps)), max_len)
+    except sessions.SessionError as e:
+        raise WorkloadError(str(e)) from None
+
+
+def workload_report(name: str, agents: int | None = None, seed: int = 0, max_len: int | None = None,
+                    block_tokens: int = 64) -> dict:
+    """report.json's `workload`: how often each odd-record rule applied (`sessions.ODD_RULES`) and, for
+    recorded traces, the trace's own hit rates (`sessions.hit_summary`); null rates otherwise."""
+    table = trace_table(name, agents, seed, max_len=max_len)
+    if table is None:
+        return {"odd_records": sessions.no_odd_records(), "trace_hit_rate": None, "trace_hit_rate_at_block": None,
+                "trace_hit_gap": None}
+    return {"odd_records": dict(table.odd), **sessions.hit_summary(table.prompt, table.hit, block_tokens)}
 
 
 def max_context(agents: list[Agent]) -> int:
@@ -295,27 +390,13 @@ def max_context(agents: list[Agent]) -> int:
     return longest
 
 
-def trace_hits(agents: list[Agent], block_tokens: int) -> dict:
-    """report.json's `trace_hit_rate` keys for recorded sessions (`sessions.hit_summary`); {} otherwise."""
-    turns = [t for a in agents for t in a.turns if t.prompt is not None]
-    if not turns:
-        return {}
-    return sessions.hit_summary([np.array([len(t.prompt) for t in turns])],
-                                [np.array([len(t.prompt) - len(t.append) for t in turns])], block_tokens)
-
-
 def session_agents(name: str, vocab: int, seed: int = 0, agents: int | None = None, aps: float | None = None,
                    think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
     """`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`: recorded agentic sessions, one agent each
     (`dualjax.core.sessions`); `agents` takes the first sessions, or samples them when it is larger;
     a session ends before a request longer than `max_len` (the model's context)."""
-    try:
-        spec = sessions.parse_spec(name)
-        arrivals = None if aps is None else (lambda n: start_times(n, seed, aps))
-        table = sessions.session_table(spec, agents, seed, think_time, arrivals, max_len)
-        loaded = sessions.load_sessions(spec.path, spec.limit)
-    except sessions.SessionError as e:
-        raise WorkloadError(str(e)) from None
+    spec, table = _spec(name), trace_table(name, agents, seed, think_time, aps, max_len)
+    loaded = sessions.load_sessions(spec.path, spec.limit)  # cached: read by `trace_table`
     out = []
     for a, (i, copy) in enumerate(zip(table.session.tolist(), table.copy.tolist())):
         prompts = sessions.session_prompts(loaded[i], copy, vocab, spec.scale, seed)[:len(table.prompt[a])]

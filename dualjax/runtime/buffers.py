@@ -5,9 +5,8 @@ larger than the whole budget can never fit and is refused at once with the figur
 `BufferPool` recycles memory by size class: the transports' receive buffers, and each host
 buffer's memory (`HostBuffer.pool`, up to its budget), which a request's `RequestKV` takes and
 gives back once dropped. Memory new to the process faults in a page per 4 KiB on first touch,
-reused memory does not: about a third of a shared-memory MPI transfer's time here, and a
-quarter of a store read's into new memory (`bench dataplane`: `store_fresh_vs_raw` 0.55-0.56
-against `store_vs_raw` 0.76-0.77 into reused memory, 2-vCPU VM). Every buffer here is
+reused memory does not (`bench dataplane` times a store read into new memory beside one into
+reused memory: `store_fresh_vs_raw` against `store_vs_raw`). Every buffer here is
 page-aligned (`aligned_empty`): XLA's CPU client then aliases a host array instead of copying it
 (`jax.device_put` of a layer is free on CPU), and accelerators' DMA engines move page-aligned host
 memory fastest.

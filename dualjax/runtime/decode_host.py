@@ -117,7 +117,6 @@ class DecodeHost(Host):
     # -- admission and the DE read path -----------------------------------------------------------
     def _admit_loop(self) -> None:
         for a in self.drain(self.admit_q):
-            self.maybe_inject_failure()
             nbytes = RequestKV.nbytes(self.layout, a.request.prompt_len)
             if not self.buffer.reserve(nbytes, self.stop):
                 return

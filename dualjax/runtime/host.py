@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ def shared(d: dict, key, make):
 class Host:
     role = "host"
     reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads
+    prefill_rate: float | None = None  # a PE's measured prefill tokens/s, sent with `Warm`
 
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.created = time.perf_counter()  # start-up is reported apart from the run (`Warm`)
@@ -52,7 +54,6 @@ class Host:
         self.snic = kvstore.StorageNIC(f"{self.role}{self.rank}", cap) if cfg.use_store else None
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.requests_seen = 0
         self.pending_read_tokens = 0  # hit tokens this host will read, not yet queued at its NIC
         if self.snic:
             self.spawn(self._report_loop, name="report")
@@ -73,10 +74,9 @@ class Host:
     def fail(self, tb: str) -> None:
         """End the job with this host's traceback: printed, and kept in `failed-rank<r>.txt` under the
         run's output directory, since mpiexec may end the job before it forwards a rank's stderr."""
-        text = f"[rank {self.rank} {self.role}] {tb}"
+        text = f"[rank {self.rank} {self.role} on {socket.gethostname()}] {tb}"
         print(text, file=sys.stderr, flush=True)
-        with contextlib.suppress(OSError):
-            os.makedirs(self.cfg.out, exist_ok=True)
+        with contextlib.suppress(OSError):  # into rank 0's --out if this host sees it: never made here
             with open(os.path.join(self.cfg.out, f"failed-rank{self.rank}.txt"), "w") as f:
                 f.write(text)
         self.stop.set()
@@ -105,11 +105,6 @@ class Host:
                 self.transport.send(0, EngineState(self.rank, q))
                 last = q
 
-    def maybe_inject_failure(self) -> None:
-        self.requests_seen += 1
-        if self.cfg.inject_failure == self.rank and self.requests_seen == 1:
-            raise RuntimeError(f"injected failure on rank {self.rank} ({self.role})")
-
     # -- message loop ------------------------------------------------------------------------------
     def warm_up(self) -> None:
         """Compile the programs the workload will need (subclasses); runs before `Warm` is sent."""
@@ -120,7 +115,7 @@ class Host:
             t0 = time.perf_counter()
             self.warm_up()
             now = time.perf_counter()
-            self.transport.send(0, Warm(self.rank, now - self.created, now - t0))
+            self.transport.send(0, Warm(self.rank, now - self.created, now - t0, self.prefill_rate))
             while not self.stop.is_set():
                 got = self.transport.recv(timeout=0.1)
                 if got is None:

@@ -2,7 +2,7 @@
 
 `run_embedded(cfg)` runs all hosts as threads over the in-process transport, with the same
 classes and messages as a real run; `run_rank(transport, cfg)` is what each MPI rank runs
-(`launch/main.py`). Both write `requests.jsonl` and `report.json` on rank 0.
+(`launch/main.py`). Both write the run's outputs (`dualjax.outputs`, docs/report.md) on rank 0.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -20,12 +21,14 @@ import time
 
 from dualjax.core.config import ConfigError, RunConfig
 from dualjax.core.policies import Policy, get_policy
-from dualjax.core.workload import load_workload, slo_for, trace_hits
-from dualjax.outputs import unwritable_dir, write_run
+from dualjax.core.report import build_report
+from dualjax.core.workload import load_workload, slo_for, workload_report
+from dualjax.outputs import real_columns, unwritable_dir, write_run
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
+from dualjax.runtime.placement import Placement, read_nodes
 from dualjax.runtime.prefill_host import PrefillHost
-from dualjax.runtime.startup import prefill_tokens_per_s, thresholds
+from dualjax.runtime.startup import thresholds
 from dualjax.runtime.store import open_store, run_layout, run_model
 from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
 from dualjax.runtime.warmup import startup_report, wait_warm
@@ -38,8 +41,10 @@ def make_host(rank: int, transport: Transport, cfg: RunConfig, params=None):
     return (PrefillHost if role == "prefill" else DecodeHost)(transport, cfg, params)
 
 
-def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy | None = None) -> dict:
-    """Rank 0's part: wait until every host is warm, drive the workload, then write the outputs."""
+def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy | None = None,
+          placement: dict | None = None) -> dict:
+    """Rank 0's part: wait until every host is warm, drive the workload, then write the outputs
+    (`placement`, which host runs which rank, goes into the report as it is)."""
     t_start = time.perf_counter()
     model_cfg = run_model(cfg).config  # the config alone: rank 0 never loads the weights
     store = open_store(cfg)
@@ -47,20 +52,25 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     policy = policy or get_policy(cfg.policy)
     agents = load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
                            cfg.think_time, model_cfg.max_seq_len)
-    th = thresholds(cfg)
-    startup = startup_report(wait_warm(transport, cfg.cluster.size - 1), time.perf_counter() - t_start)
+    warm = wait_warm(transport, cfg.cluster.size - 1)
+    rate = statistics.median(w.prefill_tokens_per_s for w in warm.values() if w.prefill_tokens_per_s)
+    th = thresholds(cfg, rate)
+    startup = startup_report(warm, time.perf_counter() - t_start)
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
-    records, hosts = driver.run()
-    return write_run(cfg.out, records, hosts, cfg, policy.name, slo_for(cfg.workload),
-                     {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": prefill_tokens_per_s(cfg.model),
-                      "startup": startup, **trace_hits(agents, cfg.block_tokens)})
+    cols, hosts = real_columns(*driver.run())
+    workload = workload_report(cfg.workload, cfg.agents, cfg.workload_seed, model_cfg.max_seq_len, cfg.block_tokens)
+    own = {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": rate, "startup": startup,
+           "placement": placement}
+    report = build_report("real", cols, hosts, cfg, policy.name, slo_for(cfg.workload), workload, own)
+    write_run(cfg.out, cols, report)
+    return report
 
 
-def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True) -> dict | None:
+def run_rank(transport: Transport, cfg: RunConfig, progress: bool = True, placement: dict | None = None) -> dict | None:
     """One MPI rank: rank 0 drives and returns the report; the others serve until shutdown."""
     if transport.rank == 0:
-        return drive(transport, cfg, progress)
+        return drive(transport, cfg, progress, placement=placement)
     make_host(transport.rank, transport, cfg).run()
     return None
 
@@ -90,12 +100,17 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
             t.join(timeout=10)
 
 
-def check_run(cfg: RunConfig) -> None:
-    """Fail fast, before any process starts: the output directory can be written, presets and policy
-    resolve, the workload loads, buffers hold a block, the store matches."""
+def check_run(cfg: RunConfig, embedded: bool = False) -> None:
+    """Fail fast, before any process starts: the output directory can be written, the hostfile holds
+    the cluster, presets and policy resolve, the workload loads, buffers hold a block, the store
+    matches (here: each host checks its own at start-up, `dualjax.runtime.preflight`)."""
     why = unwritable_dir(cfg.out)
     if why:
         raise ConfigError(f"--out: {why}")
+    if cfg.hostfile:
+        if embedded:
+            raise ConfigError("--hostfile starts ranks on other hosts under mpiexec; it cannot run --embedded")
+        Placement.plan(cfg.cluster, *read_nodes(cfg.hostfile))
     from dualjax.runtime.buffers import HostBuffer
     model_cfg = run_model(cfg).config
     if cfg.block_tokens > model_cfg.max_seq_len:
@@ -119,14 +134,36 @@ def mpiexec() -> str:
     return found
 
 
-def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:
-    """Run `cfg` as `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
-    rebuilt from `cfg`); returns mpiexec's exit code."""
+def mpiexec_cmd(cfg: RunConfig, quiet: bool = False) -> list[str]:
+    """`mpiexec [-hosts H:N,...] -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
+    rebuilt from `cfg`); with `cfg.hostfile`, the hosts of its placement, each with the ranks placed
+    there (Hydra starts them through its launcher: ssh, or srun inside a SLURM allocation)."""
     from dualjax.core.config import to_argv
-    clear_failures(cfg.out)
+    hosts = []
+    if cfg.hostfile:
+        nodes, source = read_nodes(cfg.hostfile)
+        hosts = ["-hosts", Placement.plan(cfg.cluster, nodes, source).hydra_hosts()]
     argv = to_argv(cfg) + (["--quiet"] if quiet else [])
-    cmd = [mpiexec(), "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m", "dualjax.runtime.rank", *argv]
-    return subprocess.run(cmd).returncode
+    return [mpiexec(), *hosts, "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m",
+            "dualjax.runtime.rank", *argv]
+
+
+def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:
+    """Run `cfg` under mpiexec (`mpiexec_cmd`); returns mpiexec's exit code (REFUSED: the ranks refused
+    to start and rank 0 said why in one line)."""
+    clear_failures(cfg.out)
+    return subprocess.run(mpiexec_cmd(cfg, quiet)).returncode
+
+
+def describe_placement(placement: Placement, ranks: list[dict]) -> str:
+    """One line: which host is the scheduler, the PEs and the DEs, with each engine's devices."""
+    def engine(r: dict) -> str:
+        return f"{r['host']} ({r['devices']} {r['platform']})"
+    roles = [f"scheduler {ranks[0]['host']}"]
+    for role, name in (("prefill", "PE"), ("decode", "DE")):
+        roles.append(f"{name} " + ", ".join(engine(r) for r in ranks if r["role"] == role))
+    spare = f"; unused: {', '.join(placement.spare)}" if placement.spare else ""
+    return f"{placement.cluster.name} on {len(placement.hosts())} host(s): {'; '.join(roles)}{spare}"
 
 
 def clear_failures(out: str) -> None:

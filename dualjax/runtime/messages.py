@@ -113,3 +113,4 @@ class Warm:
     rank: int
     startup_s: float  # from the host's creation to now
     compile_s: float  # of which compiling the workload's programs
+    prefill_tokens_per_s: float | None = None  # a PE's profile (`startup.prefill_tokens_per_s`), for the thresholds

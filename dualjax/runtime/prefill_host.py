@@ -38,7 +38,7 @@ from dualjax.core.records import HostStats, PassShape, PassTally
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host, shared
 from dualjax.runtime.messages import Assign, LayerKV, PrefillDone, PrefillFinished, Ready
-from dualjax.runtime.startup import attention_fit
+from dualjax.runtime.startup import attention_fit, prefill_tokens_per_s
 from dualjax.runtime.warmup import warm_prefill, warm_shapes
 from kvstore import block_chain
 from models import Layerwise
@@ -114,6 +114,7 @@ class PrefillHost(Host):
 
     def warm_up(self) -> None:
         warm_prefill(self.params, self.model_cfg, warm_shapes(self.cfg, self.model_cfg, self.layout.block_tokens))
+        self.prefill_rate = prefill_tokens_per_s(self.cfg.model)  # rank 0's thresholds: this node's speed
 
     def handle(self, src, msg) -> None:
         if isinstance(msg, Assign):
@@ -213,7 +214,6 @@ class PrefillHost(Host):
             try:
                 while True:  # take what was admitted; wait a little only when idle
                     rows.append(self.work_q.get(timeout=0.05 if not rows else 0.0))
-                    self.maybe_inject_failure()
             except queue.Empty:
                 pass
             plan = self._next_pass(rows, batches)

@@ -1,9 +1,13 @@
 """One MPI rank of a run: `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS`.
 
-Takes the flags of `dualjax run` (derived from `RunConfig`). Rank 0 drives the workload and writes
-the outputs; the other ranks serve as prefill or decode hosts. Running through `python -m mpi4py`
-makes an uncaught exception on any rank abort the whole job instead of hanging it.
-`launch.main` is the same entry point under the name users give their own `mpirun`.
+Takes the flags of `dualjax run` (derived from `RunConfig`). The ranks first place themselves
+(`dualjax.runtime.preflight.join`: each rank's role follows its host, from `--hostfile` or the hosts
+the launcher used, never the launcher's rank order), take their devices and check that every host
+runs the same software and model and sees the same store; a refusal is one line from rank 0 and
+exit code 2 on every rank. Then rank 0 drives the workload and writes the outputs; the other
+ranks serve as prefill or decode hosts. Running through `python -m mpi4py` makes an uncaught
+exception on any rank abort the whole job instead of hanging it.
+`launch.main` is the same entry point under the name users give their own `mpirun` or `srun`.
 """
 
 from __future__ import annotations
@@ -22,21 +26,35 @@ def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
     return p
 
 
+def refuse(message: str, rank: int) -> int:
+    """Every rank: end MPI cleanly (no abort, so no launcher noise); rank 0 prints the one line."""
+    from mpi4py import MPI
+    if rank == 0:
+        print(f"dualjax: error: {message}", file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Barrier()
+    MPI.Finalize()
+    return 2
+
+
 def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
     use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
-    from dualjax.outputs import unwritable_dir
-    from dualjax.runtime.launch import run_rank, summary_line
+    from dualjax.runtime.preflight import Refused, join
     from dualjax.runtime.transport import MpiTransport, comm_world
 
     args = parser(prog).parse_args(argv)
     cfg = from_args(RunConfig, args)
-    comm = comm_world()
-    if comm.Get_size() != cfg.cluster.size:
-        raise SystemExit(f"cluster {cfg.cluster.name} needs {cfg.cluster.size} ranks, mpirun started {comm.Get_size()}")
-    if why := unwritable_dir(cfg.out):  # rank 0 writes the outputs at the end; every host opens the store in it
-        raise SystemExit(f"--out: {why}")
-    transport = MpiTransport(comm)
-    report = run_rank(transport, cfg, progress=comm.Get_rank() == 0 and not args.quiet)
+    world = comm_world()
+    try:
+        comm, placement, devices = join(world, cfg)
+    except Refused as e:
+        return refuse(str(e), world.Get_rank())
+    from dualjax.runtime.launch import describe_placement, run_rank, summary_line
+    progress = comm.Get_rank() == 0 and not args.quiet
+    if progress:
+        print(describe_placement(placement, devices), file=sys.stderr, flush=True)
+    shared = devices[comm.Get_rank()]["shared_memory_with"]  # the ranks on this host
+    transport = MpiTransport(comm, pack_to=frozenset(range(comm.Get_size())) - set(shared))
+    report = run_rank(transport, cfg, progress=progress, placement={**placement.report(), "ranks": devices})
     transport.close()
     comm.Barrier()
     if report is not None and not args.quiet:

@@ -95,7 +95,8 @@ def store_read_bytes_per_s(store_dir: str, layout: kvstore.BlockLayout, blocks: 
         return blocks * layout.block_bytes / (time.perf_counter() - t0)
 
 
-def thresholds(cfg: RunConfig) -> Thresholds:
+def thresholds(cfg: RunConfig, prefill_rate: float) -> Thresholds:
+    """The scheduler's thresholds from the PEs' prefill rate (`prefill_tokens_per_s`, measured on a PE:
+    rank 0 may run on another kind of node) and a storage NIC's rate."""
     snic = cfg.snic_mbps * 1e6 if cfg.snic_mbps else store_read_bytes_per_s(cfg.store_dir, run_layout(cfg))
-    return Thresholds.from_rates(snic, models.kv_bytes_per_token(run_model(cfg).config),
-                                 prefill_tokens_per_s(cfg.model))
+    return Thresholds.from_rates(snic, models.kv_bytes_per_token(run_model(cfg).config), prefill_rate)

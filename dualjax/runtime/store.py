@@ -9,6 +9,10 @@ The store's byte budget is `--store-gb`, or by default what the store holds now 
 space of its filesystem less a margin (5% of the filesystem, at least 1 GiB), so a run evicts
 least recently used blocks before the disk fills; should it fill anyway (another writer), a
 failed write-back only leaves blocks uncached.
+
+A run's store is a local directory (`--store`), so its blocks move by the store's POSIX back end.
+The first open of a run (the command's check) recovers a store whose own metadata is damaged and
+says so in one line; a host reports the recovery as `store.recovered` (docs/store.md).
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ def open_store(cfg) -> BlockStore | None:
     if cfg.store_gb is not None:
         store.set_capacity(int(cfg.store_gb * 1e9))
         return store
-    budget = default_budget(cfg.store_dir, store.stats()["bytes"])
+    # what it holds, not stats(): stats() reports a pending recovery, which belongs to a host's report
+    budget = default_budget(cfg.store_dir, len(store.hashes()) * store.layout.block_bytes)
     if budget < store.layout.block_bytes:
         raise StoreError(f"the filesystem of {cfg.store_dir} has {shutil.disk_usage(cfg.store_dir).free} B free, "
                          f"less than the safety margin plus one block; free space or set --store-gb", "ENOSPC")

@@ -41,20 +41,22 @@ def step_report(cfg: SimConfig, step: str, hardware: Hardware | None = None) -> 
 
 
 def summary(r: dict) -> dict:
-    """What the ablation keeps of a step's report."""
+    """What the ablation keeps of a step's report (the simulator's own figures without the hardware)."""
+    own = r["sim"]
     return {"requests": r["requests"], "jct_s": r["jct_s"], "tokens_per_s": r["tokens_per_s"],
             "ttft_s": r["ttft_s"], "tpot_s": r["tpot_s"], "ttst_s": r["ttst_s"], "paths": r["paths"],
-            "snic_max_over_avg": r["snic_max_over_avg"], "prefill": r["prefill"], "utilisation": r["utilisation"],
-            "sim": r["sim"], "wall_s": r["wall_s"], "events": r["events"]}
+            "snic_max_over_avg": r["snic_max_over_avg"], "prefill": own["prefill"], "utilisation": own["utilisation"],
+            "sim": {k: v for k, v in own.items() if k not in ("hardware", "prefill", "utilisation")},
+            "wall_s": own["wall_s"], "events": own["events"]}
 
 
 def describe(name: str, r: dict) -> str:
     """One line of a step's figures (the ablation's progress)."""
-    u = r["utilisation"]
+    own = r["sim"]
     return (f"  {name:12s} JCT {r['jct_s']:9.1f} s  TTFT p50 {r['ttft_s']['p50']:7.2f} s  TPOT p50 "
-            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {r['prefill']['rows_per_pass'] or 0:5.2f}  "
-            f"PE SNIC busy {r['sim']['pe_snic_busy_mean']:.0%}  "
-            f"SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  busiest {u['binding']}  ({r['wall_s']:.0f} s)")
+            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {own['prefill']['rows_per_pass'] or 0:5.2f}  "
+            f"PE SNIC busy {own['pe_snic_busy_mean']:.0%}  SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  "
+            f"busiest {own['utilisation']['binding']}  ({own['wall_s']:.0f} s)")
 
 
 def ablation(cfg: SimConfig, log=print, steps: tuple[str, ...] | None = None, hardware: Hardware | None = None) -> dict:

@@ -123,9 +123,9 @@ class Paper:
         self.details[name] = {"step": step, "agents": agents, "cluster": cfg.cluster.name, **changes, **summary(r),
                               "run_wall_s": wall}
         u = r["sim"]
-        self.log(f"  {name:34s} JCT {r['jct_s']:9.1f} s  rows/pass {r['prefill']['rows_per_pass'] or 0:5.2f}  "
+        self.log(f"  {name:34s} JCT {r['jct_s']:9.1f} s  rows/pass {u['prefill']['rows_per_pass'] or 0:5.2f}  "
                  f"PE SNIC busy {u['pe_snic_busy_mean']:4.0%}  TPOT p50 {(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  "
-                 f"({r['events'] / r['requests']:.2f} events/request, {wall:.0f} s)")
+                 f"({u['events'] / r['requests']:.2f} events/request, {wall:.0f} s)")
         return self.details[name]
 
     def jct(self, step: str, agents: int, **kw) -> float | None:

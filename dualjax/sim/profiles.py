@@ -77,8 +77,9 @@ class ModelCost:
 
 def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
     """The cost model of a preset, derived from its config (`models.costs`)."""
-    from models.costs import cost_terms, expert_param_count, param_count
-    from models.deepseek_config import DEEPSEEK_PRESETS
+    from models.costs import cost_terms
+    from models.deepseek.config import PRESETS as DEEPSEEK_PRESETS
+    from models.deepseek.costs import expert_param_count, param_count
     if name in DEEPSEEK_PRESETS:
         # Production layout (../shared/traces/README.md §4): FP8 cache, 656 B of latent + RoPE key per token per
         # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter).

@@ -168,7 +168,7 @@ def sweep_pd(cfg: SimConfig, nodes: int, window=None, policy=None, hardware=None
                          "infeasible": str(e)})
             log(f"  {p}p{d}d  infeasible: {e}")
             continue
-        u = r["utilisation"]
+        u = r["sim"]["utilisation"]
         rows.append({"cluster": f"{p}p{d}d", "p_over_d": p / d, "in_window": inside, "planner_violated": violated,
                      "jct_s": r["jct_s"], "tokens_per_s": r["tokens_per_s"], "ttft_p50_s": r["ttft_s"]["p50"],
                      "tpot_p50_s": r["tpot_s"]["p50"], "snic_max_over_avg": r["snic_max_over_avg"],

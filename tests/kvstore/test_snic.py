@@ -7,12 +7,15 @@ import numpy as np
 import pytest
 
 import kvstore as kv
-from tests.kvstore.test_store import LAYOUT, _blocks, _chain
+from tests.kvstore.stores import LAYOUT, open_store
+from tests.kvstore.stores import blocks as _blocks
+from tests.kvstore.stores import chain as _chain
 
 
-@pytest.fixture(scope="module")
-def filled():
-    s = kv.BlockStore("memory://", LAYOUT)
+@pytest.fixture(scope="module", params=["posix", "memory"])
+def filled(request, tmp_path_factory):
+    """A store of 20 blocks read through each back end's read tasks."""
+    s = open_store(request.param, tmp_path_factory.mktemp("store"))
     ids, blocks = _chain(20), _blocks(20)
     s.put(ids, blocks)
     yield s, ids, blocks
@@ -93,7 +96,7 @@ def test_an_uncapped_layer_major_read_of_cold_blocks_goes_block_by_block(tmp_pat
                         lambda self, b0, b1, layers: submitted.append(len(layers)) or real_submit(self, b0, b1, layers))
     cold = [False]
     real_cached = kv.pagecache.page_cached
-    monkeypatch.setattr(kv.files, "page_cached", lambda fd, offset: not cold[0] and real_cached(fd, offset))
+    monkeypatch.setattr(kv.posix, "page_cached", lambda fd, offset: not cold[0] and real_cached(fd, offset))
     with kv.BlockStore(kv.local_spec(tmp_path / "store"), LAYOUT) as store:
         store.put(ids, blocks)
         hashes = [b.hash for b in ids]

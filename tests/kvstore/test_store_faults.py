@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 import kvstore as kv
-from kvstore.files import SegmentFiles
+from tests.kvstore.stores import BACKENDS, LAYOUT, ON_DISK, open_store, segment_files
 
-LAYOUT = kv.BlockLayout(n_layers=2, record_shape=(2, 2, 16), format="gqa:2x2x16:float32")
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
 
 
 def _data(n, offset=0):
@@ -32,36 +35,36 @@ def test_slots_derive_from_one_constant_and_segments_align(tmp_path):
         assert S == kv.segments.segment_slots(LAYOUT) == kv.segments.MAX_SEGMENT_SLOTS  # 32 KiB blocks: 64 per segment
         firsts = [s._next_segment() for _ in range(3)]
         assert all(0 <= x < 1 << kv.SLOT_BITS and x % S == 0 for x in firsts) and firsts[1] == firsts[0] + S
-        assert s._writer < 1 << kv.store.WRITER_BITS
+        assert s._writer < 1 << kv.store.WRITER_BITS and kv.store.WRITER_BITS + kv.segments.COUNTER_BITS == 54
     big = kv.BlockLayout(n_layers=64, record_shape=(2, 8, 128), dtype="bfloat16")  # 16 MiB blocks
     assert kv.segments.segment_slots(big) == 4
 
 
-def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(monkeypatch, caplog):
+def test_a_failed_write_is_a_block_not_cached_logged_once_per_cause(tmp_path, backend, monkeypatch, caplog):
     ids, blocks = _data(4)
-    with kv.BlockStore("memory://", LAYOUT) as s:
-        real = SegmentFiles.write
+    with open_store(backend, tmp_path / "s") as s:
         faults = iter([errno.ENOSPC, errno.ENOSPC, errno.EIO])
 
-        def failing(self, todo):
+        def failing(todo):
             raise OSError(next(faults), "injected")
 
-        monkeypatch.setattr(SegmentFiles, "write", failing)
+        monkeypatch.setattr(s.files, "write", failing)
         with caplog.at_level(logging.WARNING, logger="kvstore.store"):
             assert [s.cache(ids[i:i + 1], blocks[i:i + 1]) for i in range(3)] == [0, 0, 0]
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 2 and "ENOSPC" in warnings[0] and "EIO" in warnings[1]
         assert s.stats()["write_failures"] == 3 and s.match_prefix([b.hash for b in ids]) == 0
-        monkeypatch.setattr(SegmentFiles, "write", real)
+        monkeypatch.undo()
         assert s.cache(ids, blocks) == 4  # the next turn writes them
         np.testing.assert_array_equal(np.stack(s.get_prefix([b.hash for b in ids])), blocks)
         with pytest.raises(ValueError, match="Full Blocks"):  # a bug still raises
             s.cache(ids[:1], blocks[:1, :1])
 
 
-def test_eviction_deletes_segment_files_and_keeps_reads_exact(tmp_path):
-    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(12)
-    with kv.BlockStore(spec, LAYOUT, capacity_bytes=3 * LAYOUT.block_bytes) as s:
+@pytest.mark.parametrize("on_disk", ON_DISK)
+def test_eviction_deletes_segment_files_and_keeps_reads_exact(tmp_path, on_disk):
+    ids, blocks = _data(12)
+    with open_store(on_disk, tmp_path / "s", capacity_bytes=3 * LAYOUT.block_bytes) as s:
         for i in range(12):
             s.put(ids[i:i + 1], blocks[i:i + 1])
             got = s.get([b.hash for b in ids[:i + 1]])
@@ -71,13 +74,14 @@ def test_eviction_deletes_segment_files_and_keeps_reads_exact(tmp_path):
         assert s.stats()["evicted"] == 9 and s.stats()["bad_blocks"] == 0
         assert [s.contains(b.hash) for b in ids] == [False] * 9 + [True] * 3
     assert len(os.listdir(tmp_path / "s" / "index")) == 3
-    assert len([f for f in os.listdir(tmp_path / "s" / "data") if f != "zarr.json"]) == 3
+    assert len(segment_files(tmp_path / "s")) == 3
 
 
-def test_a_block_being_read_by_another_store_on_the_directory_is_not_evicted(tmp_path):
-    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(4)
-    reader = kv.BlockStore(spec, LAYOUT)
-    writer = kv.BlockStore(spec, LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes)
+@pytest.mark.parametrize("on_disk", ON_DISK)
+def test_a_block_being_read_by_another_store_on_the_directory_is_not_evicted(tmp_path, on_disk):
+    ids, blocks = _data(4)
+    reader = open_store(on_disk, tmp_path / "s")
+    writer = open_store(on_disk, tmp_path / "s", capacity_bytes=2 * LAYOUT.block_bytes)
     writer.put(ids[:1], blocks[:1])  # two puts: two segments
     writer.put(ids[1:2], blocks[1:2])
     inflight = reader.get([ids[0].hash])  # pinned until result()
@@ -86,10 +90,11 @@ def test_a_block_being_read_by_another_store_on_the_directory_is_not_evicted(tmp
     np.testing.assert_array_equal(inflight[0].result(), blocks[0])
 
 
-def test_a_segment_pinned_during_the_last_write_is_evicted_when_its_read_ends(tmp_path):
-    spec, ids, blocks = kv.local_spec(tmp_path / "s"), *_data(3)
-    reader = kv.BlockStore(spec, LAYOUT)
-    writer = kv.BlockStore(spec, LAYOUT, capacity_bytes=2 * LAYOUT.block_bytes)
+@pytest.mark.parametrize("on_disk", ON_DISK)
+def test_a_segment_pinned_during_the_last_write_is_evicted_when_its_read_ends(tmp_path, on_disk):
+    ids, blocks = _data(3)
+    reader = open_store(on_disk, tmp_path / "s")
+    writer = open_store(on_disk, tmp_path / "s", capacity_bytes=2 * LAYOUT.block_bytes)
     writer.put(ids[:2], blocks[:2])  # one segment
     inflight = reader.get([ids[1].hash])
     writer.put(ids[2:3], blocks[2:3])  # the only older segment is being read: kept, over budget for now
@@ -97,16 +102,17 @@ def test_a_segment_pinned_during_the_last_write_is_evicted_when_its_read_ends(tm
     np.testing.assert_array_equal(inflight[0].result(), blocks[1])  # the read ends: its segment goes
     assert [writer.contains(b.hash) for b in ids] == [False, False, True]
     assert writer.stats()["bytes"] == LAYOUT.block_bytes and writer.stats()["evicted"] == 2  # whole segments go
-    assert len([f for f in os.listdir(tmp_path / "s" / "data") if f != "zarr.json"]) == 1
+    assert len(segment_files(tmp_path / "s")) == 1
 
 
-def test_a_store_that_cannot_be_written_fails_at_open(tmp_path):
-    spec = kv.local_spec(tmp_path / "s")
-    kv.BlockStore(spec, LAYOUT).close()
+@pytest.mark.parametrize("on_disk", ON_DISK)
+def test_a_store_that_cannot_be_written_fails_at_open_in_one_short_line(tmp_path, on_disk):
+    open_store(on_disk, tmp_path / "s").close()
     shutil.rmtree(tmp_path / "s" / "index")
     (tmp_path / "s" / "index").write_text("not a directory")
-    with pytest.raises(kv.StoreError, match="cannot open store"):
-        kv.BlockStore(spec, LAYOUT)
+    with pytest.raises(kv.StoreError, match="cannot open store") as e:
+        open_store(on_disk, tmp_path / "s")
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300 and "tensorstore_spec" not in str(e.value)
 
 
 def _small_filesystem_works(path) -> bool:

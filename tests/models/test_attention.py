@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.model import attend_fused, attention_implementation, decode_seq_major
+from models.dense.model import HEAD_MAJOR, attention_implementation, cache_layout
+from models.layers import attend
 
 
 def einsum_attention(q, keys, vals, mask, cfg):
@@ -33,7 +34,7 @@ def test_fused_attention_equals_the_einsum_reference(tiny, rng):
     in_prefix = np.arange(S)[None, None, :] < prefix_len[:, None, None]
     causal = np.tril(np.ones((T, T), bool))[None]
     mask = jnp.asarray(np.concatenate([np.broadcast_to(in_prefix, (B, T, S)), np.broadcast_to(causal, (B, T, T))], -1))
-    fused = attend_fused(q, keys, vals, mask, cfg)
+    fused = attend(q, keys, vals, attention_implementation(cfg), mask)
     np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum_attention(q, keys, vals, mask, cfg)),
                                rtol=1e-5, atol=1e-5)
     if jax.default_backend() == "cpu":
@@ -50,8 +51,8 @@ def test_decode_form_reads_each_row_up_to_its_length(tiny, rng):
     past = np.arange(C)[None, :, None, None] >= kv_lengths[:, None, None, None]
     vals = jnp.where(past, 1e6, vals)
     mask = jnp.asarray(np.arange(C)[None, None, :] < kv_lengths[:, None, None])  # [B, 1, C]
-    fused = attend_fused(q, keys, vals, None, cfg, attention_implementation(cfg, decode=True), jnp.asarray(kv_lengths))
+    fused = attend(q, keys, vals, attention_implementation(cfg, decode=True), kv_lengths=jnp.asarray(kv_lengths))
     np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum_attention(q, keys, vals, mask, cfg)),
                                rtol=1e-5, atol=1e-5)
     if jax.default_backend() == "cpu":
-        assert attention_implementation(cfg, decode=True) == "xla" and not decode_seq_major(cfg)
+        assert attention_implementation(cfg, decode=True) == "xla" and cache_layout(cfg) == HEAD_MAJOR

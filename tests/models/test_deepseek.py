@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import deepseek as ds
-from models import mla
-from models.deepseek_config import DEEPSEEK_PRESETS
-from models.prefill import InputError
-from tests.models.deepseek_reference import reference_logits
+import models
+from models.cache import decode_step_jit
+from models.deepseek import mla
+from models.deepseek import model as ds
+from models.deepseek.config import PRESETS
+from models.layers import embed, head
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 T_FULL = 100  # > index_topk (24) of deepseek-tiny: DSA selects
@@ -20,25 +21,25 @@ T_FULL = 100  # > index_topk (24) of deepseek-tiny: DSA selects
 
 @pytest.fixture(scope="module")
 def tiny_ds():
-    cfg = DEEPSEEK_PRESETS["deepseek-tiny"]
-    return cfg, ds.init_params(cfg, seed=0)
+    cfg = PRESETS["deepseek-tiny"]
+    return cfg, models.init_params(cfg, seed=0)
 
 
 @pytest.fixture(scope="module")
 def full(tiny_ds):
     cfg, params = tiny_ds
     tokens = np.random.default_rng(7).integers(0, cfg.vocab, (2, T_FULL))
-    logits, kv = ds.prefill(params, cfg, tokens)
+    logits, kv = models.prefill(params, cfg, tokens)
     return tokens, np.asarray(logits), np.asarray(kv)
 
 
 def test_presets_count_the_public_shapes():
-    v32, small = DEEPSEEK_PRESETS["deepseek-v3.2"], DEEPSEEK_PRESETS["ds-27b"]
-    abstract = jax.eval_shape(functools.partial(ds.init_params, v32))
+    v32, small = PRESETS["deepseek-v3.2"], PRESETS["ds-27b"]
+    abstract = jax.eval_shape(functools.partial(models.init_params, v32))
     total = sum(x.size for x in jax.tree.leaves(abstract))
-    assert total == ds.param_count(v32)
+    assert total == models.param_count(v32)
     assert 671e9 <= total <= 672.5e9  # 671B public (V3 without MTP) plus the indexer's 0.9B
-    assert 26.5e9 <= ds.param_count(small) <= 27.5e9
+    assert 26.5e9 <= models.param_count(small) <= 27.5e9
     assert v32.kv_record_shape == (512 + 64 + 128,) and v32.kv_record_bytes == 1408
     fp8 = v32.replace(kv_cache_dtype="fp8")
     assert fp8.kv_record_bytes == 656 + 132 and fp8.kv_dtype == "uint8"
@@ -47,15 +48,15 @@ def test_presets_count_the_public_shapes():
 def test_full_prefill_matches_numpy_reference(tiny_ds, full):
     cfg, params = tiny_ds
     tokens, logits, _ = full
-    np.testing.assert_allclose(logits, reference_logits(params, cfg, tokens), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits, models.reference_logits(params, cfg, tokens), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("split", [0, 1, 20, 37, 64, 99])
 def test_prefill_over_cached_prefix_matches_full(tiny_ds, full, split):
     cfg, params = tiny_ds
     tokens, logits, kv = full
-    _, kv1 = ds.prefill(params, cfg, tokens[:, :split])
-    logits2, kv2 = ds.prefill(params, cfg, tokens[:, split:], kv1)
+    _, kv1 = models.prefill(params, cfg, tokens[:, :split])
+    logits2, kv2 = models.prefill(params, cfg, tokens[:, split:], kv1)
     np.testing.assert_allclose(np.asarray(logits2), logits[:, split:], **TOL)
     np.testing.assert_allclose(np.asarray(kv2), kv[:, :, split:], **TOL)
 
@@ -65,7 +66,7 @@ def test_ragged_prefix_lengths_per_row(tiny_ds, full):
     tokens, logits, kv = full
     lengths = np.array([70, 45])
     new = np.stack([tokens[0, 70:90], tokens[1, 45:65]])
-    got, _ = ds.prefill(params, cfg, new, kv[:, :, :70], prefix_len=lengths)
+    got, _ = models.prefill(params, cfg, new, kv[:, :, :70], prefix_len=lengths)
     for b, n in enumerate(lengths):
         np.testing.assert_allclose(np.asarray(got[b]), logits[b, n:n + 20], **TOL)
 
@@ -78,7 +79,7 @@ def test_decode_steps_reproduce_full_forward(tiny_ds, full):
     cache[:, :, :start] = kv[:, :, :start]
     cache, lengths = jnp.asarray(cache), jnp.full((2,), start, jnp.int32)
     for t in range(start, T_FULL):
-        step_logits, cache = ds.decode_step_jit(params, cfg, jnp.asarray(tokens[:, t]), cache, lengths)
+        step_logits, cache = decode_step_jit(params, cfg, jnp.asarray(tokens[:, t]), cache, lengths, ds.RECORDS)
         lengths = lengths + 1
         np.testing.assert_allclose(np.asarray(step_logits), logits[:, t], **TOL)
     np.testing.assert_allclose(np.asarray(cache[:, :, start:T_FULL]), kv[:, :, start:], **TOL)
@@ -102,11 +103,11 @@ def test_layer_by_layer_equals_fused(tiny_ds, full):
     layer = jax.jit(ds.forward_layer, static_argnums=3)
     lengths = jnp.full((2,), 60, jnp.int32)
     positions = lengths[:, None] + jnp.arange(40)[None]
-    x = ds.embed(params, jnp.asarray(tokens[:, 60:]))
+    x = embed(params, jnp.asarray(tokens[:, 60:]))
     for i, lp in enumerate(params["layers"]):
         x, kv_i = layer(x, lp, positions, cfg, jnp.asarray(kv[i, :, :60]), lengths)
         np.testing.assert_allclose(np.asarray(kv_i), kv[i, :, 60:], **TOL)
-    np.testing.assert_allclose(np.asarray(ds.head(params, cfg, x)), logits[:, 60:], **TOL)
+    np.testing.assert_allclose(np.asarray(head(params, cfg, x)), logits[:, 60:], **TOL)
 
 
 def _perturb_indexer(params, seed):
@@ -123,28 +124,26 @@ def test_fewer_tokens_than_topk_is_dense_attention(tiny_ds, full):
     tokens, logits, _ = full
     other = _perturb_indexer(params, 5)
     short = cfg.index_topk
-    np.testing.assert_allclose(np.asarray(ds.prefill(other, cfg, tokens[:, :short])[0]), logits[:, :short], **TOL)
-    assert np.abs(np.asarray(ds.prefill(other, cfg, tokens)[0]) - logits).max() > 1e-3
+    np.testing.assert_allclose(np.asarray(models.prefill(other, cfg, tokens[:, :short])[0]), logits[:, :short], **TOL)
+    assert np.abs(np.asarray(models.prefill(other, cfg, tokens)[0]) - logits).max() > 1e-3
 
 
 def test_sharded_experts_equal_single_device(tiny_ds, full):
-    from models.deepseek_sharding import shard_params
-    from models.sharding import make_mesh
     cfg, params = tiny_ds
     tokens, logits, kv = full
-    mesh = make_mesh(jax.devices()[:4])
-    sharded = shard_params(params, cfg, mesh)
+    mesh = models.make_mesh(jax.devices()[:4])
+    sharded = models.shard_params(params, cfg, mesh)
     assert sharded["layers"][1]["e_gate"].sharding.spec[0] == "tp"  # experts over the mesh
-    got_logits, got_kv = ds.prefill(sharded, cfg, tokens)
+    got_logits, got_kv = models.prefill(sharded, cfg, tokens)
     np.testing.assert_allclose(np.asarray(got_logits), logits, **TOL)
     np.testing.assert_allclose(np.asarray(got_kv), kv, **TOL)
 
 
 def test_decode_cache_steps_reproduce_full_forward(tiny_ds, full):
-    from models.deepseek_decode import DeepSeekDecodeCache
     cfg, params = tiny_ds
     tokens, logits, kv = full
-    cache = DeepSeekDecodeCache.create(cfg, slots=3, capacity=128)
+    cache = models.DecodeCache.create(cfg, slots=3, capacity=128)
+    assert cache.kv.shape == (cfg.n_layers, 3, 128, *cfg.kv_record_shape)  # the sequence layout itself
     cache = cache.insert(0, kv[:, 0, :80]).insert(2, kv[:, 1, :70])  # slot 1 stays free
     np.testing.assert_array_equal(np.asarray(cache.row(2, 0, 70)), kv[:, 1, :70])
     for i in range(10):
@@ -154,27 +153,11 @@ def test_decode_cache_steps_reproduce_full_forward(tiny_ds, full):
 
 
 def test_layerwise_driver_equals_fused(tiny_ds, full):
-    from models.deepseek_prefill import DeepSeekLayerwise
     cfg, params = tiny_ds
     tokens, logits, kv = full
-    lw = DeepSeekLayerwise(params, cfg, tokens[:, 50:], prefix_len=[50, 50])
+    lw = models.Layerwise(params, cfg, tokens[:, 50:], prefix_len=[50, 50])
     kvs = [np.asarray(lw.layer(i, kv[i, :, :50])) for i in range(cfg.n_layers)]
     np.testing.assert_allclose(np.asarray(lw.logits()), logits[:, 50:], **TOL)
     np.testing.assert_allclose(np.stack(kvs), kv[:, :, 50:], **TOL)
-    with pytest.raises(InputError, match="expects layer 0"):
-        DeepSeekLayerwise(params, cfg, tokens[:, :8]).layer(1, ds.empty_kv(cfg, 1, 2)[0])
-
-
-def test_public_api_dispatches_on_the_config_type(tiny_ds, full):
-    import models
-    cfg, params = tiny_ds
-    tokens, logits, kv = full
-    assert models.get_config("deepseek-tiny") == cfg
-    np.testing.assert_allclose(np.asarray(models.prefill(params, cfg, tokens[:, :30])[0]), logits[:, :30], **TOL)
-    lw = models.Layerwise(params, cfg, tokens[:, 30:40], prefix_len=[30, 30])
-    for i in range(cfg.n_layers):
-        lw.layer(i, kv[i, :, :30])
-    np.testing.assert_allclose(np.asarray(lw.logits()), logits[:, 30:40], **TOL)
-    out = models.generate(params, cfg, tokens[:1, :30], steps=3)
-    assert out[0, 0] == logits[0, 29].argmax()
-    assert models.param_count(cfg) == ds.param_count(cfg)
+    with pytest.raises(models.InputError, match="expects layer 0"):
+        models.Layerwise(params, cfg, tokens[:, :8]).layer(1, np.zeros((2, 0, *cfg.kv_record_shape), np.float32))

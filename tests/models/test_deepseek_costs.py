@@ -1,14 +1,17 @@
-"""The DeepSeek cost model (models.costs) against hand-worked values for the real V3.2 shape."""
+"""The DeepSeek cost model (models.costs over models.deepseek.costs) against hand-worked values for the real
+V3.2 shape."""
 
 import subprocess
 import sys
 
 import pytest
 
+import models
 from models import costs
-from models.deepseek_config import DEEPSEEK_PRESETS
+from models.deepseek import costs as ds_costs
+from models.deepseek.config import PRESETS
 
-V32 = DEEPSEEK_PRESETS["deepseek-v3.2"]
+V32 = PRESETS["deepseek-v3.2"]
 
 
 def test_linear_flops_by_hand():
@@ -20,14 +23,14 @@ def test_linear_flops_by_hand():
 
 
 def test_cache_bytes_per_token_layer():
-    assert costs.cache_bytes_per_token_layer(V32) == {"latent": 1024, "rope": 128, "indexer": 256}
+    assert ds_costs.cache_bytes_per_token_layer(V32) == {"latent": 1024, "rope": 128, "indexer": 256}
     fp8 = V32.replace(kv_cache_dtype="fp8")
-    assert costs.cache_bytes_per_token_layer(fp8) == {"latent": 512 + 16, "rope": 128, "indexer": 132}
+    assert ds_costs.cache_bytes_per_token_layer(fp8) == {"latent": 512 + 16, "rope": 128, "indexer": 132}
     assert costs.kv_bytes_per_token(fp8) == 61 * 788
     t = costs.cost_terms(fp8)
     assert (t.kv_bytes_per_token, t.indexer_bytes_per_token) == (61 * 656, 61 * 132)
-    small = DEEPSEEK_PRESETS["ds-27b"].replace(kv_cache_dtype="fp8")
-    assert costs.cache_bytes_per_token_layer(small) == {"latent": 528, "rope": 128, "indexer": 68}
+    small = PRESETS["ds-27b"].replace(kv_cache_dtype="fp8")
+    assert ds_costs.cache_bytes_per_token_layer(small) == {"latent": 528, "rope": 128, "indexer": 68}
 
 
 def test_prefill_and_decode_by_hand():
@@ -46,12 +49,12 @@ def test_prefill_and_decode_by_hand():
 
 
 def test_param_count_without_jax_matches_declarations():
-    from models import deepseek
-    for cfg in DEEPSEEK_PRESETS.values():
-        assert costs.param_count(cfg) == deepseek.param_count(cfg)
-    assert costs.expert_param_count(V32) == 58 * 256 * 3 * 7168 * 2048
+    for cfg in PRESETS.values():
+        assert ds_costs.param_count(cfg) == models.param_count(cfg)
+    assert ds_costs.expert_param_count(V32) == 58 * 256 * 3 * 7168 * 2048
 
 
 def test_costs_import_without_jax():
-    code = "import sys, models.costs, models.deepseek_config; assert 'jax' not in sys.modules"
+    code = ("import sys, models, models.costs, models.presets, models.dense.costs, models.deepseek.costs; "
+            "models.get_config('ds-27b').cost_terms(); assert 'jax' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

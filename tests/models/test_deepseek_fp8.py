@@ -5,20 +5,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import deepseek as ds
-from models import mla_cache
-from models.deepseek_config import DEEPSEEK_PRESETS
+import models
+from models.deepseek import record
+from models.deepseek.config import PRESETS
 
 
 @pytest.fixture(scope="module")
 def fp8_tiny():
-    cfg = DEEPSEEK_PRESETS["deepseek-tiny"]
-    return cfg, cfg.replace(kv_cache_dtype="fp8"), ds.init_params(cfg, seed=0)
+    cfg = PRESETS["deepseek-tiny"]
+    return cfg, cfg.replace(kv_cache_dtype="fp8"), models.init_params(cfg, seed=0)
 
 
 def test_record_sizes_of_real_shape():
     for name, want in (("deepseek-v3.2", 656 + 132), ("ds-27b", 656 + 68)):
-        cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
+        cfg = PRESETS[name].replace(kv_cache_dtype="fp8")
         assert cfg.kv_record_shape == (want,) and cfg.kv_dtype == "uint8" and cfg.kv_record_bytes == want
 
 
@@ -30,9 +30,9 @@ def test_fp8_round_trip_error_bound(fp8_tiny):
     R, Dr, Hi = cfg.record_parts
     parts = [jnp.asarray(rng.standard_normal((2, 50, n)) * rng.uniform(0.01, 10, (2, 50, 1)), jnp.float32)
              for n in (R, Dr, Hi)]
-    record = mla_cache.pack(*parts, fp8)
-    assert record.dtype == jnp.uint8 and record.shape == (2, 50, *fp8.kv_record_shape)
-    for x, y, group in zip(parts, mla_cache.unpack(record, fp8), (fp8.fp8_group, None, Hi)):
+    packed = record.pack(*parts, fp8)
+    assert packed.dtype == jnp.uint8 and packed.shape == (2, 50, *fp8.kv_record_shape)
+    for x, y, group in zip(parts, record.unpack(packed, fp8), (fp8.fp8_group, None, Hi)):
         x, y = np.asarray(x), np.asarray(y)
         if group is None:
             assert np.all(np.abs(y - x) <= np.abs(x) * 2.0 ** -8)
@@ -45,15 +45,15 @@ def test_fp8_round_trip_error_bound(fp8_tiny):
 def test_fp8_cache_prefix_split_and_logit_error(fp8_tiny):
     cfg, fp8, params = fp8_tiny
     tokens = np.random.default_rng(7).integers(0, cfg.vocab, (2, 80))
-    ref, _ = ds.prefill(params, cfg, tokens)
-    logits, kv = ds.prefill(params, fp8, tokens)
+    ref, _ = models.prefill(params, cfg, tokens)
+    logits, kv = models.prefill(params, fp8, tokens)
     assert kv.dtype == jnp.uint8
-    _, kv1 = ds.prefill(params, fp8, tokens[:, :37])
-    logits2, kv2 = ds.prefill(params, fp8, tokens[:, 37:], kv1)
+    _, kv1 = models.prefill(params, fp8, tokens[:, :37])
+    logits2, kv2 = models.prefill(params, fp8, tokens[:, 37:], kv1)
     # Rounding to FP8 is discontinuous: float32 noise of ~1e-7 between the two paths can move a value
     # to the next FP8 step (6%), so the split equals the full prefill to FP8 precision, not bit for bit.
     np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits[:, 37:]), rtol=0, atol=1e-2)
-    for got, want in zip(mla_cache.unpack(kv2, fp8), mla_cache.unpack(kv[:, :, 37:], fp8)):
+    for got, want in zip(record.unpack(kv2, fp8), record.unpack(kv[:, :, 37:], fp8)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2.0 ** -3, atol=1e-2)
     # Against the float32 cache: logits move by a small fraction of their spread on average (a random
     # tiny model amplifies some tokens: a perturbed latent can flip an expert or a top-k choice).

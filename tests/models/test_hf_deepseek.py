@@ -9,23 +9,24 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from models import deepseek as ds
-from models.deepseek_config import DEEPSEEK_PRESETS
-from models.hf_deepseek import HFImportError, _rope_perm, hf_config_dict, load_hf_deepseek, to_hf
+import models
+from models.deepseek.config import PRESETS
+from models.deepseek.hf import _rope_perm, hf_config_dict, to_hf
+from models.hf import HFImportError
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = DEEPSEEK_PRESETS["deepseek-tiny"]
-    params = ds.init_params(cfg, seed=3)
+    cfg = PRESETS["deepseek-tiny"]
+    params = models.init_params(cfg, seed=3)
     # Positive correction bias: transformers masks unchosen groups with 0, DeepSeek's reference with -inf;
     # they agree when every biased score is positive (as in the published checkpoints).
     layers = [{k: (jnp.abs(v) if k == "router_bias" else v) for k, v in lp.items()} for lp in params["layers"]]
     params = {**params, "layers": layers}
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (2, 60))  # > index_topk: sparse
-    return cfg, params, tokens, np.asarray(ds.prefill(params, cfg, tokens)[0])
+    return cfg, params, tokens, np.asarray(models.prefill(params, cfg, tokens)[0])
 
 
 def write(path, hf: dict, tensors: dict, shards: int = 1):
@@ -42,9 +43,9 @@ def write(path, hf: dict, tensors: dict, shards: int = 1):
 def test_round_trip_gives_the_same_logits(tmp_path, model, fused, rope_parameters, shards):
     cfg, params, tokens, logits = model
     path = write(tmp_path / "ckpt", hf_config_dict(cfg, rope_parameters), to_hf(params, cfg, fused), shards)
-    loaded_cfg, loaded = load_hf_deepseek(path)
+    loaded_cfg, loaded = models.load_hf(path)
     assert loaded_cfg.replace(name=cfg.name) == cfg
-    np.testing.assert_allclose(np.asarray(ds.prefill(loaded, loaded_cfg, tokens)[0]), logits, **TOL)
+    np.testing.assert_allclose(np.asarray(models.prefill(loaded, loaded_cfg, tokens)[0]), logits, **TOL)
 
 
 def test_half_split_rope_columns_are_permuted(tmp_path, model):
@@ -59,8 +60,8 @@ def test_half_split_rope_columns_are_permuted(tmp_path, model):
         kv = tensors[a + "kv_a_proj_with_mqa.weight"]
         tensors[a + "kv_a_proj_with_mqa.weight"] = np.concatenate([kv[:R], kv[R:][inv]])
     path = write(tmp_path / "ckpt", hf_config_dict(cfg) | {"rope_interleave": False}, tensors)
-    loaded_cfg, loaded = load_hf_deepseek(path)
-    np.testing.assert_allclose(np.asarray(ds.prefill(loaded, loaded_cfg, tokens)[0]), logits, **TOL)
+    loaded_cfg, loaded = models.load_hf(path)
+    np.testing.assert_allclose(np.asarray(models.prefill(loaded, loaded_cfg, tokens)[0]), logits, **TOL)
 
 
 def test_v3_checkpoint_without_indexer_is_dense_attention(tmp_path, model):
@@ -68,10 +69,10 @@ def test_v3_checkpoint_without_indexer_is_dense_attention(tmp_path, model):
     tensors = {k: v for k, v in to_hf(params, cfg).items() if ".indexer." not in k}
     tensors["model.layers.3.mtp_head.weight"] = np.zeros(4, np.float32)  # the MTP layer: skipped
     hf = hf_config_dict(cfg) | {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
-    loaded_cfg, loaded = load_hf_deepseek(write(tmp_path / "ckpt", hf, tensors))
+    loaded_cfg, loaded = models.load_hf(write(tmp_path / "ckpt", hf, tensors))
     assert loaded_cfg.index_topk == cfg.max_seq_len
-    dense = np.asarray(ds.prefill(params, cfg.replace(index_topk=cfg.max_seq_len), tokens)[0])
-    np.testing.assert_allclose(np.asarray(ds.prefill(loaded, loaded_cfg, tokens)[0]), dense, **TOL)
+    dense = np.asarray(models.prefill(params, cfg.replace(index_topk=cfg.max_seq_len), tokens)[0])
+    np.testing.assert_allclose(np.asarray(models.prefill(loaded, loaded_cfg, tokens)[0]), dense, **TOL)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -98,7 +99,7 @@ def test_bad_checkpoints_are_refused_by_name(tmp_path, model, change, message):
     else:
         hf["quantization_config"] = {"quant_method": "fp8"}
     with pytest.raises(HFImportError, match=message):
-        load_hf_deepseek(write(tmp_path / "ckpt", hf, tensors))
+        models.load_hf(write(tmp_path / "ckpt", hf, tensors))
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -108,8 +109,8 @@ def test_logits_match_transformers(tmp_path, fused):
     every score positive and the ranking unambiguous."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg = DEEPSEEK_PRESETS["deepseek-tiny"].replace(index_n_heads=16)
-    params = ds.init_params(cfg, seed=4)
+    cfg = PRESETS["deepseek-tiny"].replace(index_n_heads=16)
+    params = models.init_params(cfg, seed=4)
     fix = {"router_bias": jnp.abs, "idx_w": jnp.abs}
     params = {**params, "layers": [{k: fix.get(k, lambda v: v)(v) for k, v in lp.items()} for lp in params["layers"]]}
     tokens = np.random.default_rng(1).integers(0, cfg.vocab, (2, 60))
@@ -117,5 +118,5 @@ def test_logits_match_transformers(tmp_path, fused):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         want = hf(torch.as_tensor(tokens)).logits.numpy()
-    got = np.asarray(ds.prefill(params, cfg, tokens)[0])
+    got = np.asarray(models.prefill(params, cfg, tokens)[0])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import models
-from models.model import decode_step_jit
-from models.prefill import HOST_ALIGN, host_padded
+from models.cache import decode_step_jit
+from models.dense.model import HEAD_MAJOR, SEQ_MAJOR, rope_inv_freq
+from models.padding import HOST_ALIGN, host_padded
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -59,19 +60,20 @@ def test_decode_step_kernel_reproduces_full_forward(tiny, rng):
     _, kv = models.prefill(params, cfg, tokens[:, :20])
     cache = models.DecodeCache.create(cfg, slots=2, capacity=32).insert(0, kv[:, 0]).insert(1, kv[:, 1], length=17)
     lengths = np.array([20, 17], np.int32)
-    logits, _ = decode_step_jit(params, cfg, jnp.asarray(tokens[[0, 1], [20, 17]]), cache.kv, jnp.asarray(lengths))
+    logits, _ = decode_step_jit(params, cfg, jnp.asarray(tokens[[0, 1], [20, 17]]), cache.kv, jnp.asarray(lengths),
+                                cache.layout)
     np.testing.assert_allclose(np.asarray(logits[0]), ref[0, 20], **TOL)
     np.testing.assert_allclose(np.asarray(logits[1]), ref[1, 17], **TOL)
 
 
 def test_sequence_major_decode_cache_equals_head_major(tiny, rng):
-    """The layout cuDNN's decode attention reads (`seq_major`, chosen on GPUs) runs here under XLA: the
+    """The layout cuDNN's decode attention reads (sequence-major, chosen on GPUs) runs here under XLA: the
     same logits as the head-major cache and the reference, and the same rows back."""
     cfg, params = tiny
     tokens = rng.integers(0, cfg.vocab, (2, 28))
     ref = models.reference_logits(params, cfg, tokens)
     _, kv = models.prefill(params, cfg, tokens[:, :20])
-    caches = [models.decode.DecodeCache.create(cfg, slots=2, capacity=32, seq_major=s) for s in (False, True)]
+    caches = [models.DecodeCache.create(cfg, slots=2, capacity=32, layout=lay) for lay in (HEAD_MAJOR, SEQ_MAJOR)]
     caches = [c.insert(0, kv[:, 0]).insert(1, kv[:, 1], length=17) for c in caches]
     assert caches[1].kv.shape == (cfg.n_layers, 2, 2, 32, cfg.n_kv_heads, cfg.head_dim) and caches[1].capacity == 32
     for t in range(8):
@@ -277,7 +279,6 @@ def _llama3_inv_freq(theta, H, factor, low, high, orig):
 
 
 def test_rope_scaling_is_llama3_and_none_is_plain_rope():
-    from models.model import rope_inv_freq
     cfg = models.get_config("llama3.2-1b")
     s = cfg.rope_scaling
     want = _llama3_inv_freq(cfg.rope_theta, cfg.head_dim, s.factor, s.low_freq_factor, s.high_freq_factor,

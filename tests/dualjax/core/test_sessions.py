@@ -1,12 +1,10 @@
-"""Recorded agentic sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`): the 30 files parse and give the
-hit rate traces/README §4 states; equal hash ids are equal tokens and sessions share nothing; bad
-files are rejected with their place; a real run gives the no-store reference's tokens; the simulator
-replays the trace's own hits and pauses."""
+"""Recorded agentic sessions (`sessions:PATH[:LIMIT[:LENGTH_SCALE]]`), on small sessions built here: equal
+hash ids are equal tokens and sessions share nothing; an unreadable file is refused with its place, an
+odd request follows its rule (counted); a real run gives the no-store reference's tokens; the simulator
+replays the trace's own hits and pauses. The public traces' statistics are checked when they are present."""
 
-import gzip
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -18,21 +16,21 @@ from dualjax.core.workload import WorkloadError, load_workload
 from dualjax.runtime.launch import run_embedded
 from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
+from tests.dualjax.core.trace_fixtures import session_requests, two_sessions, write_session
 
-TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "agentic-coding")
-SMALL = ("trace_0536.json.gz", "trace_0222.json.gz")  # 4 and 8 requests, contexts up to 113k and 162k tokens
+# the public traces (outside the repository): beside the checkout, or where DUALJAX_TRACES says
+TRACES = os.path.join(os.environ.get("DUALJAX_TRACES", os.path.join(os.path.dirname(__file__), *[".."] * 4, "shared",
+                                                                    "traces")), "agentic-coding")
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    """A directory with two short sessions, one gzipped and one plain JSON."""
-    d = tmp_path_factory.mktemp("sessions")
-    shutil.copy(os.path.join(TRACES, SMALL[0]), d / SMALL[0])
-    (d / "trace_0222.json").write_bytes(gzip.open(os.path.join(TRACES, SMALL[1])).read())
-    return str(d)
+    """A directory with two short sessions (4 and 8 requests), one gzipped and one plain JSON."""
+    return two_sessions(str(tmp_path_factory.mktemp("sessions")))
 
 
-def test_the_30_sessions_give_the_readme_statistics():
+@pytest.mark.skipif(not os.path.isdir(TRACES), reason="the public agentic-coding traces are not on this machine")
+def test_the_30_public_sessions_give_their_published_statistics():
     sessions = load_sessions(TRACES)
     assert len(sessions) == 30 and sum(len(s.inputs) for s in sessions) == 1854
     prompt, hit = map(np.concatenate, zip(*(session_hits(s) for s in sessions)))
@@ -77,22 +75,62 @@ def _ok():
 @pytest.mark.parametrize("body,reason", [
     ('{"requests": [\n  {"t": 0,, }]}', r"bad.json:2:\d+: not JSON"),
     (json.dumps({"requests": []}), "non-empty list 'requests'"),
-    (json.dumps({"requests": [_ok(), {**_ok(), "in": 0}]}), "request 1: 'in' and 'out' must be positive"),
-    (json.dumps({"requests": [{**_ok(), "hash_ids": [1, 2, 3, 4]}]}), "request 0: 4 hash ids for 130 tokens"),
-    (json.dumps({"requests": [_ok(), {**_ok(), "t": -1.0}]}), "request 1: time 't' goes backwards"),
-    (json.dumps({"requests": [{k: v for k, v in _ok().items() if k != "out"}]}), "request 0: missing field 'out'"),
+    (json.dumps([_ok()]), "non-empty list 'requests'"),
+    (json.dumps({"block_size": 0, "requests": [_ok()]}), "block_size must be a positive integer"),
+    (json.dumps({"requests": [{**_ok(), "in": 0}, {**_ok(), "hash_ids": "x"}]}), "no replayable request"),
 ])
-def test_a_bad_session_file_is_rejected_with_its_place(tmp_path, body, reason):
+def test_an_unreadable_session_file_is_refused_with_its_place(tmp_path, body, reason):
     with pytest.raises(WorkloadError, match=reason):
         load_workload(_write(tmp_path, body), 256)
+
+
+ODD = [  # (a request as recorded, the rule it follows)
+    ({"in": 73183, "out": 0}, "zero_output"),  # generated nothing: generates one token
+    ({"in": 0}, "skipped"), ({"out": -1}, "skipped"), ({"hash_ids": [1, 2, 3, 4]}, "skipped"),
+    ({"hash_ids": [1, -2]}, "skipped"), ({"in": None}, "skipped"),
+    ({"think_time": -3.0}, "bad_pause"), ({"think_time": "soon"}, "bad_pause"),
+    ({"t": -1.0}, "bad_time"), ({"t": None}, "bad_time"),
+]
+
+
+@pytest.mark.parametrize("change,rule", ODD)
+def test_an_odd_request_follows_its_rule_and_its_session_goes_on(tmp_path, change, rule):
+    requests = session_requests(3, seed=3, first_in=1000, append=200, out=20)
+    odd = {k: v for k, v in {**requests[1], **change}.items() if v is not None}
+    if "in" in change and change["in"]:
+        odd["hash_ids"] = odd["hash_ids"] + list(range(2000, 2000 + change["in"] // 64 - len(odd["hash_ids"])))
+    path = write_session(str(tmp_path / "s.json"), [requests[0], odd, requests[2]])
+    table = session_table(_spec(path))
+    assert table.odd[rule] == 1 and sum(table.odd.values()) == 1
+    assert len(table.prompt[0]) == (2 if rule == "skipped" else 3)  # the session goes on after a skipped request
+    if rule == "zero_output":
+        assert table.gen[0][1] == 1 and table.prompt[0][1] == 73183
+    (s,) = load_sessions(path)
+    if rule == "bad_pause":  # the recorded gap less the previous response time
+        assert s.pauses[1] == pytest.approx(requests[1]["t"] - requests[0]["t"] - requests[0]["api_time"])
+    elif rule == "bad_time":  # its recorded think time still holds
+        assert s.pauses[1] == requests[1]["think_time"] > 0
+
+
+def test_odd_records_are_counted_alike_in_a_real_run_and_in_the_simulator(tmp_path):
+    requests = session_requests(3, seed=4, first_in=1000, append=200, out=20)
+    path = write_session(str(tmp_path / "s.json"), [requests[0], {**requests[1], "out": 0}, {"in": 5}, requests[2]])
+    spec = f"sessions:{path}"
+    real = run_embedded(RunConfig(ClusterSpec(1, 1), model="tiny", workload=spec, block_tokens=16,
+                                  out=str(tmp_path / "run")), progress=False)
+    sim = simulate(SimConfig(ClusterSpec(2, 4), workload=spec), progress=False)
+    for report in (real, sim):
+        assert report["requests"] == 3 and report["generated_tokens"] == 1 + requests[0]["out"] + requests[2]["out"]
+        assert report["workload"]["odd_records"] == {**dict.fromkeys(report["workload"]["odd_records"], 0),
+                                                     "zero_output": 1, "skipped": 1}
 
 
 def test_bad_specs_and_gzip_are_rejected(tmp_path):
     (tmp_path / "x.json.gz").write_bytes(b"not gzip")
     with pytest.raises(WorkloadError, match="x.json.gz: cannot read"):
         load_workload(f"sessions:{tmp_path / 'x.json.gz'}", 256)
-    for spec, reason in ((f"sessions:{tmp_path}/none", "no such file"), ("sessions:" + TRACES + ":0", "LIMIT"),
-                         ("sessions:" + TRACES + ":1:2.0", "LENGTH_SCALE")):
+    for spec, reason in ((f"sessions:{tmp_path}/none", "no such file"), (f"sessions:{tmp_path}:0", "LIMIT"),
+                         (f"sessions:{tmp_path}:1:2.0", "LENGTH_SCALE")):
         with pytest.raises(WorkloadError, match=reason):
             load_workload(spec, 256)
 
@@ -118,9 +156,9 @@ def test_an_embedded_run_gives_the_reference_tokens_and_states_the_trace_hit_rat
     assert tokens_of(str(tmp_path / "run")) == tokens_of(str(tmp_path / "ref"))
     assert ref["requests"] == report["requests"] == 12 and ref["hit_rate"] == 0
     # scale 1/100: trace blocks of 1 token; the store hits whole 16-token blocks of the trace's hits
-    assert report["hit_rate"] == pytest.approx(report["trace_hit_rate_at_block"])
-    assert 0.5 < report["trace_hit_rate_at_block"] < report["trace_hit_rate"] < 0.9
-    assert "trace_hit_gap" in report
+    w = report["workload"]
+    assert report["hit_rate"] == pytest.approx(w["trace_hit_rate_at_block"])
+    assert 0.5 < w["trace_hit_rate_at_block"] < w["trace_hit_rate"] < 0.9 and w["trace_hit_gap"]
 
 
 def test_the_simulator_replays_the_sessions_hits_and_pauses(two):
@@ -129,7 +167,8 @@ def test_the_simulator_replays_the_sessions_hits_and_pauses(two):
     tab = session_table(_spec(two), 6)
     assert zero["requests"] == sum(len(p) for p in tab.prompt)
     assert zero["prompt_tokens"] == sum(p.sum() for p in tab.prompt)
-    assert zero["hit_rate"] == pytest.approx(zero["trace_hit_rate_at_block"]) and zero["trace_hit_rate"] > 0.7
+    w = zero["workload"]
+    assert zero["hit_rate"] == pytest.approx(w["trace_hit_rate_at_block"]) and w["trace_hit_rate"] > 0.7
     recorded = simulate(cfg.replace(think_time="recorded"), progress=False)
     longest = max(p.sum() for p in session_table(_spec(two), 6, think_time="recorded").pause)
     assert recorded["jct_s"] > longest > zero["jct_s"]
@@ -142,6 +181,6 @@ def test_a_session_ends_before_a_request_longer_than_the_model_context(two):
     for i, p, g in zip(table.session, table.prompt, table.gen):
         full = session_hits(loaded[i])[0] + loaded[i].outputs
         assert len(p) == (np.argmax(full > cap) if (full > cap).any() else len(full)) and (p + g <= cap).all()
-    assert table.dropped == sum(len(s.inputs) for s in loaded) - sum(len(p) for p in table.prompt) > 0
+    assert table.odd["beyond_context"] == sum(len(s.inputs) for s in loaded) - sum(len(p) for p in table.prompt) > 0
     with pytest.raises(WorkloadError, match="no session's first request fits"):
         load_workload(f"sessions:{two}", 256, max_len=100)

@@ -2,11 +2,11 @@
 replay (shared hash ids share blocks), online arrivals."""
 
 import json
-import os
 
 import numpy as np
 import pytest
 
+from dualjax.core.sessions import no_odd_records
 from dualjax.core.workload import (
     PAPER_TABLE,
     WorkloadError,
@@ -18,11 +18,10 @@ from dualjax.core.workload import (
     mooncake_trace,
     trajectory,
     turn_lengths,
+    workload_report,
 )
 from kvstore import BlockLayout, block_chain
-
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "mooncake",
-                     "arxiv_mooncake_trace_first1000.jsonl")
+from tests.dualjax.core.trace_fixtures import mooncake_records, write_jsonl
 
 
 def test_presets_are_deterministic_and_unshared():
@@ -97,22 +96,47 @@ def test_a_bad_trajectory_line_is_rejected_with_its_number(tmp_path, line, reaso
         load_trajectories(str(path), vocab=100)
 
 
-def test_mooncake_replay_shares_prefix_blocks_and_spreads_ticks():
-    agents = mooncake_trace(TRACE, vocab=1000, limit=200)
+def test_mooncake_replay_shares_prefix_blocks_and_spreads_ticks(tmp_path):
+    raw = mooncake_records(40)
+    trace = write_jsonl(str(tmp_path / "m.jsonl"), raw)
+    agents = mooncake_trace(trace, vocab=1000)
     layout = BlockLayout(n_layers=1, record_shape=(2, 1, 8), format="m", block_tokens=64)
-    raw = [json.loads(line) for line in open(TRACE)][:200]
-    by_len = {len(a.turns[0].append) for a in agents}
-    assert {r["input_length"] for r in raw} == by_len
-    # Two requests sharing their 12 leading hash ids share 12 * 512 / 64 = 96 leading blocks.
-    pairs = [(i, j) for i in range(len(raw)) for j in range(i + 1, len(raw))
-             if raw[i]["hash_ids"][:12] == raw[j]["hash_ids"][:12] and len(raw[i]["hash_ids"]) > 12
-             and len(raw[j]["hash_ids"]) > 12][:1]
-    assert pairs
-    i, j = pairs[0]
-    ti = next(a for a in agents if len(a.turns[0].append) == raw[i]["input_length"])
-    tj = next(a for a in agents if len(a.turns[0].append) == raw[j]["input_length"])
-    ci, cj = block_chain(ti.turns[0].append, layout), block_chain(tj.turns[0].append, layout)
-    assert [b.hash for b in ci[:96]] == [b.hash for b in cj[:96]]
+    assert sorted(len(a.turns[0].append) for a in agents) == sorted(r["input_length"] for r in raw)
+    by_len = {len(a.turns[0].append): a for a in agents}
+    i, j = next((i, j) for j in range(len(raw)) for i in range(j) if len(raw[j]["hash_ids"]) > 2
+                and raw[i]["hash_ids"][:2] == raw[j]["hash_ids"][:2] and len(raw[i]["hash_ids"]) > 2)
+    ci, cj = (block_chain(by_len[raw[k]["input_length"]].turns[0].append, layout) for k in (i, j))
+    assert [b.hash for b in ci[:16]] == [b.hash for b in cj[:16]]  # 2 shared hash ids = 2 x 512 / 64 blocks
     starts = np.array([a.start for a in agents])
     assert np.all(np.diff(starts) >= 0)  # sorted by arrival
     assert len(set(np.round(starts, 3))) > len({r["timestamp"] for r in raw})  # spread inside ticks
+
+
+def test_an_odd_mooncake_record_follows_its_rule_and_an_unreadable_line_is_refused(tmp_path):
+    raw = mooncake_records(6)
+    odd = [{**raw[1], "output_length": 0}, {**raw[2], "input_length": 0}, {**raw[3], "hash_ids": [1]}, "{}"]
+    path = write_jsonl(str(tmp_path / "m.jsonl"), [raw[0], *odd, raw[4]])
+    agents = load_workload(f"mooncake:{path}", vocab=100)
+    assert len(agents) == 3 and sorted(a.turns[0].gen_len for a in agents) == sorted([raw[0]["output_length"], 1,
+                                                                                         raw[4]["output_length"]])
+    assert workload_report(f"mooncake:{path}")["odd_records"] == {**no_odd_records(), "zero_output": 1, "skipped": 3}
+    cap = sorted(r["input_length"] for r in (raw[0], raw[1], raw[4]))[1] + 55  # the shortest kept fits, not all
+    short = load_workload(f"mooncake:{path}", vocab=100, max_len=cap)
+    assert 1 <= len(short) < 3
+    assert workload_report(f"mooncake:{path}", max_len=cap)["odd_records"]["beyond_context"] == 3 - len(short)
+    write_jsonl(str(tmp_path / "bad.jsonl"), [raw[0], "{not json"])
+    with pytest.raises(WorkloadError, match=r"bad.jsonl:2: not JSON"):
+        load_workload(f"mooncake:{tmp_path / 'bad.jsonl'}", vocab=100)
+
+
+def test_the_simulator_replays_a_mooncake_trace_as_a_real_run_takes_it(tmp_path):
+    """Every workload a real run takes replays in the simulator: the same requests, prompts and outputs,
+    hits from the trace's shared hash ids (an unbounded cache in arrival order)."""
+    from dualjax.core.config import ClusterSpec, SimConfig
+    from dualjax.sim import simulate
+    path = write_jsonl(str(tmp_path / "m.jsonl"), mooncake_records(24))
+    agents = load_workload(f"mooncake:{path}::0.25", vocab=100)
+    r = simulate(SimConfig(ClusterSpec(2, 4), workload=f"mooncake:{path}::0.25"), progress=False)
+    assert r["requests"] == len(agents) and r["prompt_tokens"] == sum(len(a.turns[0].append) for a in agents)
+    assert r["generated_tokens"] == sum(a.turns[0].gen_len for a in agents)
+    assert 0 < r["hit_rate"] <= r["workload"]["trace_hit_rate"] < 1

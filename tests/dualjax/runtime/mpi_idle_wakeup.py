@@ -1,4 +1,4 @@
-"""Run under mpiexec -n 2 by test_dataplane: a message to a rank whose progress thread sleeps its
+"""Run under mpiexec -n 2 by test_transport: a message to a rank whose progress thread sleeps its
 longest pause is taken in when that thread next wakes, not one pause later (MPICH's Iprobe sees a
 message that arrived while the thread slept only once a probe has taken it in)."""
 
@@ -8,11 +8,11 @@ import time
 
 from mpi4py import MPI
 
-from dualjax.runtime import transport
+from dualjax.runtime.transport import MpiTransport, mpi
 
 PAUSE = 0.1
-transport.IDLE_MAX_S = PAUSE  # long pauses, so a missed wake-up stands out from timer and scheduler noise
-t = transport.MpiTransport(MPI.COMM_WORLD)
+mpi.IDLE_MAX_S = PAUSE  # long pauses, so a missed wake-up stands out from timer and scheduler noise
+t = MpiTransport(MPI.COMM_WORLD)
 N = 6
 if t.rank == 0:
     rng = random.Random(0)

@@ -1,4 +1,4 @@
-"""Run under mpiexec -n 2 by test_runtime: lane order of the MPI transport, with the priority lanes
+"""Run under mpiexec -n 2 by test_transport: lane order of the MPI transport, with the priority lanes
 and with one FIFO lane (`priority=False`, the relay benchmark's baseline)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Run under mpiexec -n 2 by test_dataplane: MpiTransport delivers every KV array bit-exact
+"""Run under mpiexec -n 2 by test_transport: MpiTransport delivers every KV array bit-exact
 (contiguous, strided layer slices of Full Blocks, sizes around the chunk size, empty), in order
 with the bulk lane, both ways at once, and counts control traffic in bytes; with `wait`, its
 progress threads wait inside MPI while KV is in flight; with `late`, rank 0 starts its transport
@@ -12,9 +12,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from dualjax.runtime import transport
 from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
-from dualjax.runtime.transport import MpiTransport
+from dualjax.runtime.transport import MpiTransport, mpi
 
 CHUNK = 1 << 20 if sys.argv[1:] == ["late"] else 64 << 10  # late: pieces MPICH sends by rendezvous
 
@@ -32,7 +31,7 @@ def arrays():
 if sys.argv[1:] == ["wait"]:  # as where MPI moves KV only inside its calls (found at run time otherwise)
     MpiTransport.waits_inside_mpi = True
 if sys.argv[1:] == ["late"]:
-    transport.STALLS_TO_WAIT = 1
+    mpi.STALLS_TO_WAIT = 1
     if MPI.COMM_WORLD.Get_rank() == 0:
         time.sleep(0.3)
 t = MpiTransport(MPI.COMM_WORLD, chunk_bytes=CHUNK, window=2)

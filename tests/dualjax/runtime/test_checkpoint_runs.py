@@ -19,7 +19,7 @@ from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.runtime.store import open_store
 from kvstore import FingerprintMismatch
-from models.hf_deepseek import hf_config_dict, to_hf
+from models.deepseek.hf import hf_config_dict, to_hf
 from models.source import file_sha256
 from tests.models.test_checkpoint import _write_hf
 
@@ -46,7 +46,8 @@ def preset_tokens(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["orbax", "hf"])
-def test_a_checkpoint_of_the_preset_weights_gives_the_preset_tokens(tiny, tmp_path, preset_tokens, kind):
+def test_checkpoint_gives_preset_tokens(tiny, tmp_path, preset_tokens, kind):
+    """A checkpoint of the preset weights gives the preset tokens."""
     cfg, params = tiny  # the tiny preset's random weights (seed 0), written as a checkpoint
     if kind == "orbax":
         models.save_checkpoint(str(tmp_path / "ckpt"), params, cfg)
@@ -60,7 +61,8 @@ def test_a_checkpoint_of_the_preset_weights_gives_the_preset_tokens(tiny, tmp_pa
     assert tokens_of(out) == preset_tokens
 
 
-def test_a_second_checkpoint_of_the_same_shape_is_refused_by_the_first_ones_store(tiny, tmp_path, capsys):
+def test_store_refuses_other_checkpoint(tiny, tmp_path, capsys):
+    """A second checkpoint of the same shape is refused by the first one's store."""
     cfg, _ = tiny
     base = _hf(tmp_path / "base", models.init_params(cfg, 1), cfg)
     tuned = _hf(tmp_path / "tuned", models.init_params(cfg, 2), cfg)
@@ -73,10 +75,11 @@ def test_a_second_checkpoint_of_the_same_shape_is_refused_by_the_first_ones_stor
     err = capsys.readouterr().err
     assert rc == 2
     assert ids[0] in err and ids[1] in err and tuned in err  # both identities, and this run's path
-    assert not os.path.exists(os.path.join(out, "requests.jsonl"))  # nothing was served
+    assert not os.path.exists(os.path.join(out, "requests.parquet"))  # nothing was served
 
 
-def test_a_store_of_another_cache_format_or_seed_is_refused_naming_both(tmp_path):
+def test_store_refuses_other_format(tmp_path):
+    """A store of another cache format or seed is refused, naming both."""
     cfg = RunConfig(ClusterSpec(1, 1), model="tiny", out=str(tmp_path / "out"))
     open_store(cfg)
     with pytest.raises(FingerprintMismatch) as e:
@@ -87,7 +90,8 @@ def test_a_store_of_another_cache_format_or_seed_is_refused_naming_both(tmp_path
         open_store(cfg.replace(param_seed=7))
 
 
-def test_the_identity_is_the_contents_not_the_place(tiny, tmp_path):
+def test_identity_is_contents(tiny, tmp_path):
+    """A checkpoint's identity is its contents, not its place."""
     cfg, params = tiny
     a = _hf(tmp_path / "a", params, cfg)
     copy = shutil.copytree(a, tmp_path / "elsewhere" / "a")
@@ -98,7 +102,8 @@ def test_the_identity_is_the_contents_not_the_place(tiny, tmp_path):
     assert models.resolve_model(b).weights != models.resolve_model(b2).weights
 
 
-def test_a_file_linked_into_a_hub_cache_is_named_by_its_blob(tmp_path):
+def test_hub_cache_named_by_blob(tmp_path):
+    """A file linked into a hub cache is named by its blob."""
     data = tmp_path / "data"
     data.write_bytes(b"weights")
     digest = file_sha256(str(data))
@@ -109,7 +114,8 @@ def test_a_file_linked_into_a_hub_cache_is_named_by_its_blob(tmp_path):
     assert file_sha256(str(tmp_path / "model.safetensors")) == digest
 
 
-def test_a_local_dir_download_is_named_by_its_recorded_etag_until_the_file_changes(tmp_path):
+def test_local_dir_named_by_etag(tmp_path):
+    """A `--local-dir` download is named by its recorded ETag until the file changes."""
     data = tmp_path / "model.safetensors"
     data.write_bytes(b"weights")
     meta = tmp_path / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
@@ -121,7 +127,8 @@ def test_a_local_dir_download_is_named_by_its_recorded_etag_until_the_file_chang
 
 
 @pytest.mark.parametrize("kind", ["orbax", "hf", "preset"])
-def test_each_host_loads_its_weights_sharded_over_its_mesh(tiny, tmp_path, kind):
+def test_host_weights_sharded(tiny, tmp_path, kind):
+    """Each host loads its weights sharded over its mesh."""
     cfg, params = tiny
     ref = {"preset": "tiny", "hf": None, "orbax": str(tmp_path / "o")}[kind]
     if kind == "orbax":
@@ -145,7 +152,8 @@ def test_each_host_loads_its_weights_sharded_over_its_mesh(tiny, tmp_path, kind)
     ("window", r"use_sliding_window=True is not implemented"),
     ("layers", r"layer_types=\['full_attention', 'sliding_attention'\] is not implemented"),
 ])
-def test_a_bad_checkpoint_ends_the_run_naming_the_tensor_or_field(tiny, tmp_path, capsys, change, message):
+def test_bad_checkpoint_named(tiny, tmp_path, capsys, change, message):
+    """A bad checkpoint ends the run, naming the tensor or field."""
     cfg, params = tiny
     kw = {"missing": dict(drop="model.layers.1.mlp.up_proj.weight"),
           "shape": dict(reshape="model.layers.0.self_attn.k_proj.weight"),
@@ -160,7 +168,8 @@ def test_a_bad_checkpoint_ends_the_run_naming_the_tensor_or_field(tiny, tmp_path
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_a_deepseek_config_field_it_does_not_implement_is_named(tmp_path, capsys):
+def test_unimplemented_deepseek_field(tmp_path, capsys):
+    """A DeepSeek config field it does not implement is named."""
     cfg = models.resolve_model("deepseek-tiny").config
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "config.json").write_text(json.dumps(hf_config_dict(cfg) | {"hidden_act": "gelu"}))
@@ -168,7 +177,8 @@ def test_a_deepseek_config_field_it_does_not_implement_is_named(tmp_path, capsys
     assert "unsupported hidden_act='gelu'" in capsys.readouterr().err
 
 
-def test_neither_a_preset_nor_a_checkpoint_lists_the_presets(tmp_path, capsys):
+def test_unknown_model_lists_presets(tmp_path, capsys):
+    """A model that is neither a preset nor a checkpoint: the error lists the presets."""
     assert cli([*RUN, "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "nowhere" in err and "tiny" in err and "deepseek-tiny" in err
@@ -178,7 +188,8 @@ def test_neither_a_preset_nor_a_checkpoint_lists_the_presets(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["orbax", "hf"])
-def test_a_deepseek_checkpoint_resolves_to_the_config_and_weights_it_holds(tmp_path, kind):
+def test_deepseek_checkpoint_resolves(tmp_path, kind):
+    """A DeepSeek checkpoint resolves to the config and weights it holds."""
     cfg = models.resolve_model("deepseek-tiny").config
     params = models.resolve_model("deepseek-tiny", seed=3).load_params()
     ckpt = tmp_path / "ckpt"
@@ -195,7 +206,8 @@ def test_a_deepseek_checkpoint_resolves_to_the_config_and_weights_it_holds(tmp_p
 
 
 @pytest.mark.slow
-def test_every_mpiexec_rank_runs_the_checkpoint_with_the_preset_tokens(tiny, tmp_path, preset_tokens):
+def test_mpiexec_checkpoint_tokens(tiny, tmp_path, preset_tokens):
+    """Every mpiexec rank runs the checkpoint with the preset tokens."""
     cfg, params = tiny
     ckpt = _hf(tmp_path / "ckpt", params, cfg)
     rc = cli(["run", "--quiet", "--agents", "2", "--turns", "2", "--model", ckpt, "--out", str(tmp_path / "mpi")])
@@ -204,7 +216,8 @@ def test_every_mpiexec_rank_runs_the_checkpoint_with_the_preset_tokens(tiny, tmp
 
 
 @pytest.mark.slow
-def test_a_deepseek_checkpoint_runs_with_the_tokens_of_its_preset(tmp_path):
+def test_deepseek_checkpoint_tokens(tmp_path):
+    """A DeepSeek checkpoint runs with the tokens of its preset."""
     source = models.resolve_model("deepseek-tiny")
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

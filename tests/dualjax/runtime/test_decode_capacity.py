@@ -19,7 +19,8 @@ def _from_token_ids(cfg, model_cfg) -> int:
 
 @pytest.mark.parametrize("settings", [dict(), dict(workload="agentic-small"), dict(workload_seed=5, agents=3, turns=9),
                                       dict(workload="agentic-e2e", aps=2.0), dict(workload="paper-64k", agents=4)])
-def test_capacity_from_lengths_equals_capacity_from_token_ids(settings, monkeypatch):
+def test_capacity_from_lengths(settings, monkeypatch):
+    """The workload's lengths give the capacity its token ids would, without drawing them."""
     cfg, model_cfg = RunConfig(**settings), models.get_config("small")
     want = _from_token_ids(cfg, model_cfg)
     monkeypatch.setattr(workload, "trajectory", lambda *a: pytest.fail("decode_capacity drew token ids"))

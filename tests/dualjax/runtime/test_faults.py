@@ -24,7 +24,7 @@ import pytest
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.runtime.launch import run_embedded
-from kvstore.files import SegmentFiles
+from kvstore.posix import PosixBackend
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=2, turns=3, policy="dualpath")
 ARGV = ["--model", "tiny", "--workload", "agentic-tiny", "--agents", "2", "--turns", "3", "--policy", "dualpath",
@@ -125,8 +125,9 @@ def test_bad_index_entries_are_misses(tmp_path, filled, reference, fault):
         assert c["bad_blocks"] == 0  # the scheduler sees fewer hits; nothing bad is read
 
 
-def test_a_full_disk_mid_run_leaves_blocks_uncached_and_the_run_completes(tmp_path, reference, monkeypatch, caplog):
-    real, calls = SegmentFiles.write, []
+def test_full_disk_mid_run(tmp_path, reference, monkeypatch, caplog):
+    """A full disk mid-run leaves blocks uncached and the run completes."""
+    real, calls = PosixBackend.write, []
 
     def full_after_two(self, todo):
         calls.append(len(todo))
@@ -134,7 +135,7 @@ def test_a_full_disk_mid_run_leaves_blocks_uncached_and_the_run_completes(tmp_pa
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return real(self, todo)
 
-    monkeypatch.setattr(SegmentFiles, "write", full_after_two)
+    monkeypatch.setattr(PosixBackend, "write", full_after_two)
     with caplog.at_level(logging.WARNING, logger="kvstore.store"):
         c = _check("disk full mid-run (injected ENOSPC)", *_run(tmp_path, "full", store=str(tmp_path / "s")),
                    reference)
@@ -145,7 +146,8 @@ def test_a_full_disk_mid_run_leaves_blocks_uncached_and_the_run_completes(tmp_pa
     assert healed["write_failures"] == 0 and healed["hit_rate"] > c["hit_rate"]
 
 
-def test_a_budget_below_the_working_set_evicts_and_stays_exact(tmp_path, reference):
+def test_budget_below_working_set(tmp_path, reference):
+    """A budget below the working set evicts and stays exact."""
     c = _check("store budget 0.1 MB (< working set)",
                *_run(tmp_path, "budget", store=str(tmp_path / "s"), store_gb=0.0001), reference)
     assert c["evicted"] > 0 and c["write_failures"] == 0
@@ -153,7 +155,8 @@ def test_a_budget_below_the_working_set_evicts_and_stays_exact(tmp_path, referen
     assert held <= 0.0001e9 * 1.1  # segment files carry a small shard index besides their blocks
 
 
-def test_a_slow_storage_nic_changes_timing_not_tokens(tmp_path, filled, reference):
+def test_slow_storage_nic(tmp_path, filled, reference):
+    """A slow storage NIC changes timing, not tokens."""
     store = _copy(filled, tmp_path)
     c = _check("slow storage NIC (2 MB/s)", *_run(tmp_path, "slow", store=store, snic_mbps=2.0), reference)
     assert c["blocks_read"] > 0 and c["bad_blocks"] == 0
@@ -172,7 +175,8 @@ def _wait_for(pattern, proc, timeout=240):
 
 
 @pytest.mark.slow
-def test_kill_9_mid_run_then_reuse_the_store(tmp_path, reference):
+def test_kill_9_then_reuse(tmp_path, reference):
+    """A run killed with -9 mid-run leaves a store the next run reuses."""
     store = tmp_path / "store"
     proc = _cli(tmp_path / "killed", "--embedded", "--store", str(store))
     _wait_for(str(store / "index" / "*"), proc)
@@ -195,7 +199,7 @@ def test_two_runs_share_one_store(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_a_real_full_filesystem_mid_run(tmp_path, reference):
+def test_real_full_filesystem(tmp_path, reference):
     """A 192 KiB tmpfs (user namespace) holds ~5 tiny blocks; the run needs more. (A storage NIC
     cap skips the start-up read profile, which writes its own scratch blocks beside the store.)"""
     mnt = tmp_path / "mnt"
@@ -214,7 +218,8 @@ def test_a_real_full_filesystem_mid_run(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_kill_9_of_one_mpi_rank_ends_the_job_within_seconds(tmp_path):
+def test_kill_9_of_mpi_rank(tmp_path):
+    """kill -9 of one MPI rank ends the job within seconds."""
     proc = _cli(tmp_path / "mpi", "--cluster", "1p1d", "--agents", "3", "--turns", "4", "--store",
                 str(tmp_path / "store"), env={**os.environ, "DUALJAX_FAULT_TEST": str(tmp_path)},
                 start_new_session=True)

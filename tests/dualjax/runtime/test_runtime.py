@@ -1,20 +1,29 @@
 """Runtime invariants: tokens do not depend on the read path, layerwise mode or launcher, and
-equal a reference that recomputes every prompt; faults recompute; failures end the job."""
+equal a reference that recomputes every prompt; faults recompute; a failing host ends the job."""
 
 import glob
+import importlib.resources
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
+import jsonschema
 import numpy as np
 import pytest
 
 from dualjax.cli import main as cli
 from dualjax.cli.verify import tokens_of
-from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.report import REQUEST_COLUMNS
+from dualjax.outputs import load_run
+from dualjax.runtime.decode_host import DecodeHost
+from dualjax.runtime.host import shared
 from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
+from tests.dualjax.runtime.failing_host import failing
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -36,17 +45,18 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("policy,layerwise,cluster", [("pe-only", True, "1p1d"), ("de-only", True, "1p2d"),
                                                       ("random", False, "2p1d"), ("de-only", False, "1p1d"),
                                                       ("dualpath", True, "2p2d"), ("basic", None, "1p1d")])
-def test_tokens_are_bit_identical_to_the_reference(tmp_path, reference, policy, layerwise, cluster):
+def test_tokens_match_reference(tmp_path, reference, policy, layerwise, cluster):
     report, tokens = _run(tmp_path, "run", policy=policy, layerwise=layerwise, cluster=ClusterSpec.parse(cluster))
     assert tokens == reference
     assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
     if policy == "de-only":
-        assert report["relay_bytes"] > 0 and set(report["paths"]) == {"de"}
+        assert report["relay_bytes"] > 0 and report["paths"] == {"pe": 0, "de": report["requests"], "none": 0}
     if policy in ("pe-only", "basic"):
         assert report["relay_bytes"] == 0
 
 
-def test_chunked_prefill_gives_the_reference_tokens(tmp_path, reference):
+def test_chunked_prefill(tmp_path, reference):
+    """Prefill cut into chunks gives the reference tokens; each chunk's pass is counted by shape."""
     report, tokens = _run(tmp_path, "chunked", policy="de-only", prefill_chunk=48)  # 150-token first turns: 4 chunks
     assert tokens == reference
     pe = next(h for h in report["hosts"] if h["role"] == "prefill")
@@ -57,7 +67,8 @@ def test_chunked_prefill_gives_the_reference_tokens(tmp_path, reference):
     assert sum(t["seconds"] for t in shapes) == pytest.approx(pe["pass_s"])
 
 
-def test_requests_that_do_not_fit_the_buffers_wait_and_are_not_dropped(tmp_path, reference):
+def test_full_buffers_make_requests_wait(tmp_path, reference):
+    """Requests that do not fit the host buffers wait for room and are not dropped."""
     # tiny blocks are 32 KiB and prompts here need up to 5 (160 KiB) at the DE and 4 hit blocks at the
     # PE: budgets of 0.25 / 0.2 MiB hold about one request each, so the others must wait for room.
     report, tokens = _run(tmp_path, "tight", policy="dualpath", de_buffer_mb=0.25, pe_buffer_mb=0.2,
@@ -67,18 +78,18 @@ def test_requests_that_do_not_fit_the_buffers_wait_and_are_not_dropped(tmp_path,
     assert 4 * 32768 <= peaks["decode"] <= 0.25 * 2**20 and peaks["prefill"] <= 0.2 * 2**20
 
 
-def test_outputs_have_one_record_per_request(tmp_path):
+def test_one_row_per_request(tmp_path):
     report, _ = _run(tmp_path, "out", policy="pe-only")
-    lines = [json.loads(x) for x in open(tmp_path / "out" / "requests.jsonl")]
-    assert len(lines) == report["requests"] == 9
-    for r in lines:
-        assert {"agent", "turn", "hit_tokens", "miss_tokens", "path", "pe", "de", "ttft", "generated"} <= set(r)
-        assert r["hit_tokens"] + r["miss_tokens"] == r["prompt_tokens"] and len(r["generated"]) == r["gen_len"]
-        assert 0 <= r["arrival"] <= r["first_token"] <= r["done"]
+    t = load_run(str(tmp_path / "out")).requests
+    assert len(t["id"]) == report["requests"] == 9 and set(t) == set(REQUEST_COLUMNS)
+    assert [len(g) for g in t["generated"]] == t["gen_len"].tolist() and (t["hit_tokens"] <= t["prompt_tokens"]).all()
+    assert (0 <= t["arrival"]).all() and (t["arrival"] <= t["first_token"]).all()
+    assert (t["first_token"] <= t["done"]).all()
+    assert np.isnan(t["load_wait"]).all() and (t["stored"] >= t["done"]).all()  # a simulator-only column is null
 
 
 @pytest.mark.parametrize("policy", ["pe-only", "de-only"])
-def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, policy):
+def test_bad_blocks_recomputed(tmp_path, reference, policy):
     store = str(tmp_path / "store")
     _run(tmp_path, "fill", policy=policy, store=store)
     files = sorted(glob.glob(os.path.join(store, "data", "*")))
@@ -95,27 +106,32 @@ def test_bad_blocks_are_recomputed_on_either_path(tmp_path, reference, policy):
     assert tokens == reference
 
 
-def test_a_failing_host_ends_the_embedded_run(tmp_path):
+def test_failing_host_ends_embedded_run(tmp_path, monkeypatch):
+    """A host that raises ends the run with its traceback, kept in its run directory (and an
+    earlier run's is not taken for it)."""
+    monkeypatch.setattr(DecodeHost, "handle", failing(DecodeHost.handle))
     stale = tmp_path / "fail" / "failed-rank1.txt"  # left by an earlier run in the same directory
     stale.parent.mkdir()
     stale.write_text("an earlier failure")
     with pytest.raises(HostFailure, match="injected failure on rank 2"):
-        _run(tmp_path, "fail", inject_failure=2)
+        _run(tmp_path, "fail")
     assert failed_hosts(str(tmp_path / "fail")) == [str(tmp_path / "fail" / "failed-rank2.txt")]
     assert "injected failure on rank 2" in (tmp_path / "fail" / "failed-rank2.txt").read_text()
 
 
-def test_a_failing_host_ends_the_mpi_job_with_its_traceback(tmp_path):
-    argv = ["run", "--cluster", "1p1d", "--agents", "2", "--turns", "1", "--inject-failure", "1", "--quiet",
-            "--out", str(tmp_path / "mpi")]
-    proc = subprocess.run([sys.executable, "-m", "dualjax.cli.main", *argv], capture_output=True, text=True,
-                          timeout=240)
+def test_failing_host_ends_mpi_job(tmp_path):
+    """Under mpiexec, a host that raises ends the whole job (no hang) with its traceback, on stderr
+    and in its run directory (`dualjax run` prints that file after the job: tests/dualjax/cli)."""
+    argv = ["--cluster", "1p1d", "--agents", "2", "--turns", "1", "--quiet", "--out", str(tmp_path / "mpi")]
+    script = "tests/dualjax/runtime/failing_host.py"
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", script, *argv],
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr and "Traceback" in proc.stderr
-    assert "failed-rank1.txt" in proc.stderr  # printed by the launcher too: mpiexec may drop the rank's own
+    assert "injected failure on rank 1" in (tmp_path / "mpi" / "failed-rank1.txt").read_text()
 
 
-def test_mpiexec_run_matches_the_reference(tmp_path, reference):
+def test_mpiexec_tokens(tmp_path, reference):
     """`dualjax run` under its own mpiexec, with a user's policy class (`--policy pkg.module:Class`,
     imported on every rank): the reference tokens, both read paths taken."""
     out = tmp_path / "mpi"
@@ -125,179 +141,29 @@ def test_mpiexec_run_matches_the_reference(tmp_path, reference):
                           timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.load(open(out / "report.json"))
-    assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+    assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
     assert tokens_of(str(out)) == reference
+    schema = json.loads(importlib.resources.files("dualjax").joinpath("report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)  # placement and each rank's devices included
+    assert [r["role"] for r in report["runtime"]["placement"]["ranks"]] == ["scheduler", "prefill", "decode", "decode"]
 
 
-def test_mpi_transport_keeps_bulk_order_and_lets_control_overtake():
-    """Priority lanes: control overtakes the KV, bulk stays in order. One FIFO lane (the relay
-    benchmark's baseline) sends in submission order; a receiver delivers control as it comes and
-    bulk once complete, so there only the bulk order is fixed."""
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "tests/dualjax/runtime/mpi_lanes.py"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    priority, fifo = proc.stdout.split()
-    assert priority == "Ready,Ready,LayerKV,PrefillDone"
-    assert [m for m in fifo.split(",") if m != "Ready"] == ["LayerKV", "PrefillDone"] and fifo.count("Ready") == 2
-
-
-@pytest.mark.parametrize("priority", [True, False])
-def test_the_relay_backlog_counts_kv_not_control_messages(priority):
-    """`wait_backlog` (a relay keeping N layers queued) counts bulk messages only, queued or with KV
-    in flight: on the FIFO lane too, where control and KV share one queue, a queued ping must not
-    hold the next layer back."""
-    import collections
-
-    from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
-    from dualjax.runtime.transport import MpiTransport
-    t = MpiTransport.__new__(MpiTransport)  # the queues alone: no MPI, no progress thread
-    t.priority, t._outstanding, t._starting = priority, 0, False
-    kv = [(1, LayerKV(7, 0, 0, np.zeros((4, 2, 2, 16), np.float32))), (1, PrefillDone(7, 0, 1, {}))]
-    control = [(1, Ready(7)), (1, Ready(8)), (1, Ready(9))]
-    t._kv = collections.deque(kv if priority else [])
-    t._ctrl = collections.deque(control if priority else [kv[0], *control, kv[1]])
-    assert t._backlog() == 2
-    t._outstanding = 1  # a layer handed to MPI whose pieces are not all through counts too
-    assert t._backlog() == 3
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--cluster", "2x3"], "unknown cluster"),
-    (["--cluster", "0p1d"], "at least one prefill"),
-    (["--pe-buffer-mb", "0.01"], "cannot hold one request"),
-    (["--snic-mbps", "-5"], "must be positive"),
-    (["--model", "gpt-9"], "unknown model preset"),
-    (["--policy", "fastest"], "unknown policy"),
-    (["--aps", "0"], "must be positive"),
-    (["--policy", "basic", "--layerwise"], "contradicts policy 'basic'"),
-    (["--policy", "nosuchmodule:Policy"], "cannot import module 'nosuchmodule'"),
-    (["--policy", "dualjax.core.policies:Nope"], "has no 'Nope'"),
-    (["--aps", "nan"], "aps must be positive"),
-    (["--pe-buffer-mb", "inf"], "pe_buffer_mb must be positive and finite"),
-    (["--seed", "-5"], "seed must be >= 0"),
-    (["--block-tokens", "1000000"], "exceeds tiny's context"),
-    (["--workload", "/nonexistent.jsonl"], "/nonexistent.jsonl: No such file or directory"),
-    (["--workload", "mooncake:/nonexistent"], "/nonexistent: No such file or directory"),
-    (["--workload", "mooncake:trace.jsonl:abc"], "LIMIT must be an integer"),
-    (["--workload", "mooncake:"], "expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]]"),
-])
-def test_bad_flags_fail_fast(tmp_path, capsys, argv, message):
-    rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
-    assert rc == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["run", "--embedded", "--quiet", "--out", "{file}"], "--out: {file} is a file, not a directory"),
-    (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "{file}"], "{file} is a file, not a directory"),
-    (["run", "--embedded", "--quiet", "--out", "{file}/run"], "cannot make directory {file}/run"),
-    (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
-    (["demo", "--model", "nosuch", "--out", "{dir}/demo"], "unknown model preset 'nosuch'"),
-    (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
-    (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
-    (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
-    (["sim", "ablation", "--png", "{file}/a.png"], "{file} is a file, not a directory"),
-    (["sim", "validate", "--real", "{dir}/none.json"], "--real {dir}/none.json: No such file or directory"),
-    (["sim", "validate", "--real", "{bad}"], "is not JSON"),
-    (["sim", "validate", "--real", "{empty}"], "is not a `dualjax bench e2e --json` result (missing workload"),
-    (["sim", "validate", "--real", "{empty}", "--profile", "{bad}"], "is not a `dualjax bench e2e"),
-    (["sim", "validate", "--profile", "{bad}"], "is not a profile `dualjax calibrate` writes"),
-    (["sim", "validate", "--max-wall-s", "30"], "leaves no time for the e2e benchmark"),
-    (["sim", "--hardware", "{empty}"], "is not a profile `dualjax calibrate` writes"),
-    (["sim", "--hardware", "{dir}"], "Is a directory"),
-    (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be a finite number > 0 and <= 1, got 1.5"),
-    (["report", "{dir}/damaged"], "{dir}/damaged/report.json is damaged"),
-    (["bench", "model", "--model", "nosuch"], "unknown model preset 'nosuch'"),
-    (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be a finite number >= 0, got -1"),
-    (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be a finite number > 0, got 0"),
-    (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
-    (["calibrate", "--workload", "nosuch", "--out", "{dir}/local.json"], "unknown workload 'nosuch'"),
-    (["calibrate", "--out", "{file}/local.json"], "{file} is a file, not a directory"),
-    (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
-    (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
-])
-def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
-    """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
-    failure once a long benchmark has run)."""
-    monkeypatch.chdir(tmp_path)  # default output directories are made as the flags are parsed
-    (tmp_path / "f").write_text("")
-    (tmp_path / "bad.json").write_text("{bad")
-    (tmp_path / "empty.json").write_text("{}")
-    (tmp_path / "damaged").mkdir()
-    (tmp_path / "damaged" / "report.json").write_text('{"config": {')
-    fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path), "bad": str(tmp_path / "bad.json"),
-            "empty": str(tmp_path / "empty.json")}
-    try:
-        rc = cli.main([a.format(**fill) for a in argv])
-    except SystemExit as e:  # argparse's own exit for a flag's bad value
-        rc = e.code
-    out, err = capsys.readouterr()
-    assert rc == 2 and message.format(**fill) in err and not out  # nothing started, nothing announced
-
-
-def test_an_output_file_s_missing_directories_are_made(tmp_path):
-    out = tmp_path / "a" / "b" / "w.json"
-    assert cli.main(["workload", "stats", "agentic-tiny", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())
-
-
-def test_a_store_of_another_model_is_refused(tmp_path, capsys):
-    _run(tmp_path, "tiny", store=str(tmp_path / "store"), agents=1, turns=1)
-    rc = cli.main(["run", "--embedded", "--quiet", "--model", "small", "--store", str(tmp_path / "store"),
-                   "--out", str(tmp_path / "small")])
-    assert rc == 2 and "fingerprint" in capsys.readouterr().err
-
-
-def test_cluster_spec_roles():
-    c = ClusterSpec.parse("2P3D")
-    assert (c.size, c.prefill_ranks, c.decode_ranks, c.role(0), c.role(2), c.role(3)) == \
-        (6, [1, 2], [3, 4, 5], "scheduler", "prefill", "decode")
-    with pytest.raises(ConfigError):
-        c.role(6)
-
-
-def test_report_compares_runs_and_plots(tmp_path, capsys):
-    for policy in ("pe-only", "dualpath"):
-        _run(tmp_path, policy, policy=policy, agents=2, turns=2, cluster=ClusterSpec.parse("1p2d"))
-    png = tmp_path / "cmp.png"
-    rc = cli.main(["report", str(tmp_path / "pe-only"), str(tmp_path / "dualpath"), "--png", str(png)])
-    out = capsys.readouterr().out
-    assert rc == 0 and png.stat().st_size > 1000 and "dualpath" in out and "pe-only" in out
-    for name in ("storage.png", "ttft_cdf.png"):
-        assert (tmp_path / "dualpath" / name).stat().st_size > 1000
-    report = json.load(open(tmp_path / "dualpath" / "report.json"))
-    assert 0.0 <= report["slo"]["attained"] <= 1.0 and report["policy"] == "dualpath"
-
-
-def test_online_mode_and_trajectory_file_run(tmp_path, reference):
+def test_trajectory_file(tmp_path):
     path = tmp_path / "agents.jsonl"
     path.write_text("\n".join(json.dumps({"start": 0.2 * i, "turns": [{"append_len": 100, "gen": 3},
                                                                        {"append_len": 20, "gen": 3}]})
                               for i in range(3)))
     report, tokens = _run(tmp_path, "file", workload=str(path), policy="dualpath")
     assert report["requests"] == 6 and len(tokens) == 6
-    report, _ = _run(tmp_path, "online", aps=5.0, agents=3, turns=2)
-    records = [json.loads(x) for x in open(tmp_path / "online" / "requests.jsonl")]
-    assert max(r["arrival"] for r in records if r["turn"] == 0) > 0.05  # agents really arrived over time
 
 
-@pytest.mark.slow
-def test_e2e_benchmark_quick(tmp_path):
-    from dualjax.bench import e2e
-    result = e2e.main(["--quick", "--out", str(tmp_path / "e2e"), "--json", str(tmp_path / "e2e.json")])
-    assert set(result["speedup"]) == {"1p1d", "1p2d"}
-    assert result["speedup"]["1p1d"] > 1.2  # storage-bound: the second path must pay off
-    assert all(os.path.exists(p) for p in result["plots"])
-    assert len(result["runtime_profile"]["pack_fit"]) == 3  # what the simulator replays below
-    # The simulator on this machine's calibrated profile, against these very runs.
-    from dualjax.cli.validate import main as validate
-    v = validate(["--real", str(tmp_path / "e2e.json"), "--profile", str(tmp_path / "local.json"),
-                  "--out", str(tmp_path / "validate")])
-    assert set(v["jct_error"]) == {"1p1d-control", "1p1d-basic", "1p1d-dualpath", "1p2d-basic", "1p2d-dualpath"}
-    assert set(v["speedup_error"]) == {"1p1d", "1p2d"} and v["sim_speedup"]["1p1d"] > 1.2
-    assert (tmp_path / "local.json").exists()  # calibrated on the way
+def test_online_arrivals(tmp_path):
+    _run(tmp_path, "online", aps=5.0, agents=3, turns=2)
+    t = load_run(str(tmp_path / "online"), ["turn", "arrival"]).requests
+    assert t["arrival"][t["turn"] == 0].max() > 0.05  # agents really arrived over time
 
 
-def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
+def test_custom_policy_everywhere(tmp_path, reference):
     """`--policy pkg.module:Class` works embedded, under a user's own mpirun of launch.main, and in
     the simulator: the same class, unchanged (under `dualjax run`'s mpiexec: the test above)."""
     args = ["--cluster", "1p1d", "--agents", "3", "--turns", "3", "--policy", CUSTOM, "--quiet"]
@@ -307,22 +173,17 @@ def test_a_custom_policy_runs_on_every_launcher(tmp_path, reference):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("embedded", "launch"):
         report = json.load(open(tmp_path / name / "report.json"))
-        assert report["policy"] == "long-prefix-to-de" and set(report["paths"]) == {"pe", "de"}
+        assert report["policy"] == "long-prefix-to-de" and report["paths"]["pe"] and report["paths"]["de"]
         assert tokens_of(str(tmp_path / name)) == reference
     assert cli.main(["sim", "--cluster", "1p1d", "--model", "qwen2.5-7b", "--workload", "paper-32k", "--agents", "4",
                      "--policy", CUSTOM, "--quiet", "--out", str(tmp_path / "sim")]) == 0
     assert json.load(open(tmp_path / "sim" / "report.json"))["policy"] == "long-prefix-to-de"
 
 
-def test_a_message_and_its_waiter_share_one_signal_when_they_race():
+def test_message_and_waiter_share_signal():
     """The thread taking a request's message in and the one about to wait for it may both find no
     signal yet for that request: both get the same one (a `defaultdict` gave each its own, and a
     relay once waited for good on the one the DE's `Ready` never reached)."""
-    import threading
-    import time
-
-    from dualjax.runtime.host import shared
-
     def slow_event():  # both threads miss the key before either has made its Event
         time.sleep(0.05)
         return threading.Event()

@@ -14,7 +14,8 @@ from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3, policy="pe-only")
 
 
-def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch, compile_log):
+def test_every_pass_warmed(tmp_path, monkeypatch, compile_log):
+    """Every pass the run computes was compiled before the clock started, and nothing compiles after."""
     cfg = BASE.replace(out=str(tmp_path / "run"))
     clock = []  # when rank 0 starts the run's clock: every host has reported warm
 
@@ -38,18 +39,20 @@ def test_every_pass_the_run_computes_was_warmed(tmp_path, monkeypatch, compile_l
     ran = {(t["rows"], t["new"], t["prefix"]) for t in pe["pass_shapes"]}  # rows too: each count is a program
     assert ran and ran <= warmed, (ran, warmed)
     assert max(rows for rows, _, _ in warmed) == min(MAX_WARM_ROWS, cfg.agents)
-    startup = report["startup"]
+    startup = report["runtime"]["startup"]
     assert set(startup["hosts_s"]) == {"1", "2"} and startup["max_s"] >= max(startup["hosts_s"].values()) > 0
     assert all(0 <= startup["compile_s"][r] <= startup["hosts_s"][r] for r in startup["hosts_s"])
 
 
-def test_prompt_lengths_grow_with_the_context():
+def test_prompt_lengths():
+    """The prompt lengths a workload produces grow with the context, each once."""
     cfg = BASE
     lengths = prompt_lengths(cfg, models.get_config(cfg.model))
     assert lengths == sorted(set(lengths)) and lengths[0] > 0 and len(lengths) >= 3
 
 
-def test_the_compile_cache_goes_where_asked_and_never_over_a_users_choice(tmp_path):
+def test_compile_cache_dir(tmp_path):
+    """The compile cache goes where asked (or nowhere), never over a user's own choice."""
     env = {COMPILE_CACHE_ENV: str(tmp_path / "cache")}
     assert use_compile_cache(env) == str(tmp_path / "cache") == env["JAX_COMPILATION_CACHE_DIR"]
     assert float(env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) > 0
@@ -58,7 +61,7 @@ def test_the_compile_cache_goes_where_asked_and_never_over_a_users_choice(tmp_pa
     assert use_compile_cache(mine) == "/mine" and use_compile_cache({}).endswith("dualjax/jax")
 
 
-def test_a_profile_is_measured_once_per_architecture(tiny, tmp_path):
+def test_profile_per_architecture(tiny, tmp_path):
     """Start-up profiles time random weights of the config's shapes: a checkpoint of a preset's
     architecture reuses what the process measured for the preset; another architecture does not."""
     from dualjax.runtime.startup import per_architecture

@@ -1,0 +1,14 @@
+"""Cost terms of the dense GQA family (`models.costs`; imports without JAX)."""
+
+from __future__ import annotations
+
+from models.costs import CostTerms, kv_bytes_per_token
+from models.dense.config import ModelConfig
+
+
+def cost_terms(cfg: ModelConfig) -> CostTerms:
+    """Q/K/V/O and SwiGLU matmuls plus the LM head per token; QK^T and PV over every visible position."""
+    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffw
+    per_layer = 2 * D * (N * H + 2 * K * H) + 2 * N * H * D + 2 * 3 * D * F
+    linear = cfg.n_layers * per_layer + 2 * D * cfg.vocab
+    return CostTerms(linear, 4.0 * cfg.n_layers * N * H, None, 0.0, kv_bytes_per_token(cfg), 0.0)

@@ -1,0 +1,36 @@
+"""Benchmark helpers: the page cache is dropped and loaded file by file, each file once."""
+
+import os
+
+import pytest
+
+from dualjax.bench.common import _files, drop_page_cache, load_page_cache
+from kvstore.pagecache import page_cached
+
+
+def test_load_page_cache(tmp_path):
+    """What the warm figures of `bench dataplane` read after its cold run: the store reads a block
+    whose first page is not cached past the page cache, so without this its files would stay cold."""
+    path = tmp_path / "d" / "f.bin"
+    path.parent.mkdir()
+    path.write_bytes(os.urandom(4 << 20))
+    drop_page_cache([str(tmp_path)])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if page_cached(fd, 0) and page_cached(fd, (4 << 20) - 4096):
+            pytest.skip("this file system keeps the file in the page cache")
+        load_page_cache([str(tmp_path)])
+        assert page_cached(fd, 0) and page_cached(fd, (4 << 20) - 4096)
+    finally:
+        os.close(fd)
+
+
+def test_hard_links_once(tmp_path):
+    """A store's index entries are hard links to its segment files: each file is read (or dropped) once."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "index").mkdir()
+    (tmp_path / "data" / "seg").write_bytes(b"x" * 4096)
+    for h in ("a", "b", "c"):
+        os.link(tmp_path / "data" / "seg", tmp_path / "index" / h)
+    (tmp_path / "other").write_bytes(b"y")
+    assert len(_files([str(tmp_path)])) == 2

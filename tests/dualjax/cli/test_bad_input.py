@@ -1,0 +1,96 @@
+"""Bad input to any command ends with one line naming what was wrong and exit code 2, before any
+work starts: never a traceback."""
+
+import json
+
+import pytest
+
+from dualjax.cli import main as cli
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cluster", "2x3"], "unknown cluster"),
+    (["--cluster", "0p1d"], "at least one prefill"),
+    (["--pe-buffer-mb", "0.01"], "cannot hold one request"),
+    (["--snic-mbps", "-5"], "must be positive"),
+    (["--model", "gpt-9"], "unknown model preset"),
+    (["--policy", "fastest"], "unknown policy"),
+    (["--aps", "0"], "must be positive"),
+    (["--policy", "basic", "--layerwise"], "contradicts policy 'basic'"),
+    (["--policy", "nosuchmodule:Policy"], "cannot import module 'nosuchmodule'"),
+    (["--policy", "dualjax.core.policies:Nope"], "has no 'Nope'"),
+    (["--aps", "nan"], "aps must be positive"),
+    (["--pe-buffer-mb", "inf"], "pe_buffer_mb must be positive and finite"),
+    (["--seed", "-5"], "seed must be >= 0"),
+    (["--block-tokens", "1000000"], "exceeds tiny's context"),
+    (["--workload", "/nonexistent.jsonl"], "/nonexistent.jsonl: No such file or directory"),
+    (["--workload", "mooncake:/nonexistent"], "/nonexistent: No such file or directory"),
+    (["--workload", "mooncake:trace.jsonl:abc"], "LIMIT must be an integer"),
+    (["--workload", "mooncake:"], "expected mooncake:PATH[:LIMIT[:LENGTH_SCALE]]"),
+])
+def test_bad_run_flags(tmp_path, capsys, argv, message):
+    """A bad `dualjax run` flag: one line naming it, exit code 2."""
+    rc = cli.main(["run", "--embedded", "--quiet", "--out", str(tmp_path / "x"), *argv])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--embedded", "--quiet", "--out", "{file}"], "--out: {file} is a file, not a directory"),
+    (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "{file}"], "{file} is a file, not a directory"),
+    (["run", "--embedded", "--quiet", "--out", "{file}/run"], "cannot make directory {file}/run"),
+    (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
+    (["demo", "--model", "nosuch", "--out", "{dir}/demo"], "unknown model preset 'nosuch'"),
+    (["bench", "kvstore", "--dir", "{file}"], "{file} is a file, not a directory"),
+    (["bench", "relay", "--json", "{file}/r.json"], "{file} is a file, not a directory"),
+    (["workload", "stats", "agentic-tiny", "--json", "{dir}"], "{dir} is a directory, not a file"),
+    (["sim", "ablation", "--plot", "{file}/a.png"], "{file} is a file, not a directory"),
+    (["sim", "validate", "--real", "{dir}/none.json"], "--real {dir}/none.json: No such file or directory"),
+    (["sim", "validate", "--real", "{bad}"], "is not JSON"),
+    (["sim", "validate", "--real", "{empty}"], "is not a `dualjax bench e2e --json` result (missing workload"),
+    (["sim", "validate", "--real", "{empty}", "--profile", "{bad}"], "is not a `dualjax bench e2e"),
+    (["sim", "validate", "--profile", "{bad}"], "is not a profile `dualjax calibrate` writes"),
+    (["sim", "validate", "--max-wall-s", "30"], "leaves no time for the e2e benchmark"),
+    (["sim", "--hardware", "{empty}"], "is not a profile `dualjax calibrate` writes"),
+    (["sim", "--hardware", "{dir}"], "Is a directory"),
+    (["sim", "--find-capacity", "--slo-attainment", "1.5"], "must be a finite number > 0 and <= 1, got 1.5"),
+    (["report", "{dir}/damaged"], "{dir}/damaged/report.json is damaged"),
+    (["report", "{dir}/other"], "{dir}/other/report.json is neither a real nor a simulated dualjax run"),
+    (["report", "{dir}/old"], "{dir}/old/report.json has schema version 0"),
+    (["bench", "model", "--model", "nosuch"], "unknown model preset 'nosuch'"),
+    (["bench", "kvstore", "--budget-s", "-1"], "--budget-s: must be a finite number >= 0, got -1"),
+    (["bench", "e2e", "--storage-factor", "0"], "--storage-factor: must be a finite number > 0, got 0"),
+    (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
+    (["calibrate", "--workload", "nosuch", "--json", "{dir}/local.json"], "unknown workload 'nosuch'"),
+    (["calibrate", "--json", "{file}/local.json"], "{file} is a file, not a directory"),
+    (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
+    (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
+])
+def test_bad_input(tmp_path, capsys, monkeypatch, argv, message):
+    """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
+    failure once a long benchmark has run)."""
+    monkeypatch.chdir(tmp_path)  # default output directories are made as the flags are parsed
+    (tmp_path / "f").write_text("")
+    (tmp_path / "bad.json").write_text("{bad")
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "report.json").write_text('{"config": {')
+    for name, report in (("other", {"jct_s": 1.0}), ("old", {"kind": "real", "schema_version": 0})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path), "bad": str(tmp_path / "bad.json"),
+            "empty": str(tmp_path / "empty.json")}
+    try:
+        rc = cli.main([a.format(**fill) for a in argv])
+    except SystemExit as e:  # argparse's own exit for a flag's bad value
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and message.format(**fill) in err and not out  # nothing started, nothing announced
+
+
+def test_store_of_another_model(tmp_path, capsys):
+    """A store written for one model is refused by a run of another (its fingerprint), in one line."""
+    assert cli.main(["run", "--embedded", "--quiet", "--agents", "1", "--turns", "1",
+                     "--store", str(tmp_path / "store"), "--out", str(tmp_path / "tiny")]) == 0
+    rc = cli.main(["run", "--embedded", "--quiet", "--model", "small", "--store", str(tmp_path / "store"),
+                   "--out", str(tmp_path / "small")])
+    assert rc == 2 and "fingerprint" in capsys.readouterr().err

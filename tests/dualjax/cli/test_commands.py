@@ -1,0 +1,93 @@
+"""The command line as the documentation writes it: every `dualjax ...` command in README.md and docs/*.md
+parses (its subcommands and flags exist; --help exits 0), and every subcommand is listed by its parent's
+--help."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+
+import pytest
+
+from dualjax.cli.main import BENCHES, build_parser, main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+
+
+def documented_commands() -> list[tuple[str, str, bool]]:
+    """(file, command, whole) for each `dualjax ...` line of a fenced code block (whole: a command to run as
+    written) and each inline `dualjax ...` of the prose (it names a command and some of its flags)."""
+    found = []
+    for path in DOCS:
+        text = open(path).read()
+        blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+        lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+        commands = [(line.split("#")[0].strip(), True) for line in lines if line.strip().startswith("dualjax ")]
+        prose = re.sub(r"```.*?```", "", text, flags=re.S).replace("\n", " ")
+        commands += [(c, False) for c in re.findall(r"`(dualjax [^`]+)`", prose)]
+        found += [(os.path.relpath(path, ROOT), c, whole) for c, whole in commands if not c.split()[1].endswith(":")]
+    return sorted(set(found))
+
+
+# what the docs write for a flag's value, and a value of the right type
+PLACEHOLDERS = {"FILE": "f.json", "F": "f.json", "DIR": "d", "N": "2", "A": "1", "T": "zero", "P": "dualpath",
+                "M": "tiny"}
+
+
+def words(command: str) -> list[str] | None:
+    """The command's arguments as the parser sees them, optional parts included ([...] and a | b as
+    written); None for a synopsis with a placeholder subcommand (`dualjax bench NAME`)."""
+    out = []
+    for w in shlex.split(command.replace("[", " ").replace("]", " "))[1:]:
+        if w in ("|", "...") or "{" in w:
+            continue
+        if w.isupper() and (not out or not out[-1].startswith("-")):
+            return None
+        out.append(PLACEHOLDERS.get(w, w))
+    return out
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) > 40 and {c.split()[1] for _, c, _ in COMMANDS} >= {"run", "sim", "report", "bench", "demo"}
+
+
+@pytest.mark.parametrize("doc,command,whole", COMMANDS, ids=[c for _, c, _ in COMMANDS])
+def test_a_documented_command_parses(doc, command, whole, tmp_path, monkeypatch, capsys):
+    argv = words(command)
+    if argv is None:
+        pytest.skip("a synopsis")
+    monkeypatch.chdir(tmp_path)  # output flags make their directories as they are parsed
+    if whole and "--help" not in argv:  # every flag exists and takes its value
+        _, unknown = build_parser(argv).parse_known_args(argv)
+        assert not unknown, f"{doc}: `{command}`: no such flag {unknown}"
+    first_flag = next((i for i, w in enumerate(argv) if w.startswith("-")), len(argv))
+    path = argv if whole else argv[:first_flag]  # prose: the command, and the flags it names
+    with pytest.raises(SystemExit) as e:
+        main([*path, "--help"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 0, f"{doc}: `{command}`: {err}"
+    assert all(f in out for f in argv if f.startswith("--")), f"{doc}: `{command}` names a flag its --help lacks"
+
+
+@pytest.mark.parametrize("parent,children", [(["sim"], ["ablation", "validate"]), (["bench"], list(BENCHES)),
+                                             (["workload"], ["stats"])])
+def test_every_subcommand_is_listed_by_its_parent(parent, children, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*parent, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and all(re.search(rf"^\s+{c}\s", out, re.M) for c in children), out
+
+
+def test_log_level_goes_before_or_after_the_subcommand(capsys):
+    for argv in (["--log-level", "info", "workload", "stats", "agentic-tiny"],
+                 ["workload", "stats", "agentic-tiny", "--log-level", "DEBUG"]):
+        assert main(argv) == 0
+    with pytest.raises(SystemExit) as e:
+        main(["workload", "stats", "agentic-tiny", "--log-level", "loud"])
+    assert e.value.code == 2 and "--log-level: invalid choice" in capsys.readouterr().err
