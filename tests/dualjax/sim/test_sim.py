@@ -471,7 +471,7 @@ def test_the_fit_reaches_its_targets_and_writes_a_profile(tmp_path):
     targets = {"layerwise_jct_s": step_report(cfg, "layerwise", true)["jct_s"],
                "dualpath_jct_s": step_report(cfg, "dualpath", true)["jct_s"], "fig3": {"5": 2.55, "10": 2.95}}
     out = tmp_path / "fit.json"
-    assert main(["sim", "fit", "--out", str(out), "--cluster", "2p2d", "--agents", "192", "--turns", "12",
+    assert main(["sim", "fit", "--json", str(out), "--cluster", "2p2d", "--agents", "192", "--turns", "12",
                  "--targets", json.dumps(targets)]) == 0
     fit = json.loads(out.read_text())
     for k in ("layerwise_jct_s", "dualpath_jct_s"):
