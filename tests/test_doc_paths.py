@@ -22,14 +22,7 @@ OUTPUTS = ("OUT/", "runs/", "gpu-out/", "~/", ".cache/", "data/")  # data/: a KV
 
 # ALLOW-LIST 2: pending fixes in docs other changes of the same issue rewrite; remove an entry once
 # its doc no longer names it (the test fails on an entry no doc names any more, so none lingers).
-PENDING = {
-    ("docs/paper.md", "dualjax/runtime/transport.py"),  # now the package dualjax/runtime/transport/
-    ("docs/simulator.md", "tests/dualjax/runtime/test_runtime.py::test_e2e_benchmark_quick"),  # tests/dualjax/bench
-    ("docs/simulator.md", "core/scheduler.py"),  # paths from dualjax/, not the repository root
-    ("docs/simulator.md", "core/workload.py"),
-    ("docs/simulator.md", "core/workload.py:PAPER_FIT"),
-    ("docs/simulator.md", "cli/plan.py"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci"}
 TICKED = re.compile(r"`([^`\s]+)`")

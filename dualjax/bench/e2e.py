@@ -9,14 +9,15 @@ storage is a page-cache read). The per-host storage NIC cap is then set so that 
 the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
 theory; --quick, a CI smoke run of 3 agents x 3 turns, uses 4x all the same: the capped runs take
 two thirds of the time and loading still dominates). Then, in order of importance: 1p1d and 1p2d
-under basic / dualpath (the --quick set); 1p1d under basic / pe-only / dualpath with a PE
-device-memory budget (`--pe-hbm-mb`, the --hbm set) that holds every layer of about one request's
-KV: Basic reads straight into device memory, so the budget bounds its reads in flight as well as
-its pass (one row), and it loads and computes in turn; layerwise prefill (two layers per row, reads
-into host DRAM) is not held back; then 2p1d and the remaining pe-only runs, and 2p2d under dualpath
-and round-robin for storage-NIC balance. All runs share this process and the machine's cores, so
-hosts also contend for compute; only the per-host storage NIC bandwidth and the PE memory budget
-are emulated.
+under basic / dualpath (the --quick set); the --hbm set: 1p1d under basic / pe-only / dualpath with a
+PE device-memory budget (`--pe-hbm-mb`) that holds every layer of about one request's KV, where
+Basic (which loads a batch's every layer into device memory, then computes it) batches one request
+at a time and layerwise prefill (two layers per row, reads into host DRAM) is not held back, and
+1p1d Basic without the budget loading no batch and one batch ahead of the one computing
+(`--basic-ahead` 0, the default, and 1: what overlapping loads with compute gives it); then 2p1d and
+the remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
+share this process and the machine's cores, so hosts also contend for compute; only the per-host
+storage NIC bandwidth and the PE memory budget are emulated.
 
 Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine). A warm-up run of
 the control's configuration compiles its pass shapes (compilation is most of its time), then the
@@ -27,7 +28,7 @@ This happens first at a small size (2 agents; --quick: its own 3), and again at 
 up to the preset's whose warm-up, control and essential runs are predicted to fit, each scaled in
 proportion to the agents (an upper bound): a slow machine never spends its bound compiling the
 preset's size. Each capped run is predicted from the control (the storage factor times the control
-over the run's storage NICs; Basic under the budget adds its compute), the essential runs (the
+over the run's storage NICs; Basic loading no batch ahead adds its compute), the essential runs (the
 --quick set, the --hbm set, or both) are kept and the rest while they fit; if the essential ones do
 not fit, the agents shrink until they do and the control runs again at that size (the baseline of
 the capped runs). Before each run its prediction is scaled by how far the runs so far overran
@@ -44,6 +45,7 @@ import logging
 import os
 import shutil
 import time
+from typing import NamedTuple
 
 from dualjax.bench.common import bench_args, emit, show_progress
 from dualjax.core.config import ClusterSpec, RunConfig, number
@@ -62,7 +64,7 @@ FACTOR = 6.0  # the storage factor (below): loading dominates compute
 QUICK_AGENTS, QUICK_TURNS, QUICK_FACTOR = 3, 3, 4.0  # --quick: still storage-bound, two thirds of the capped time
 HBM = ["basic", "pe-only", "dualpath"]  # on 1p1d with the PE memory budget
 CONTROL = "control-uncapped-1p1d-basic"
-BASIC_HBM_COMPUTE = 1.0  # Basic under the budget loads, then computes: at most the control's compute on top
+BASIC_COMPUTE = 1.0  # Basic loading no batch ahead loads, then computes: at most the control's compute on top
 MIN_AGENTS = 2  # the size measured first (the default and --hbm sets), before growing to what fits
 RUN_OVERHEAD_S = 5.0  # least wall of a run beyond its JCT once the warm-up compiled (start-up, stats, report)
 MARGIN = 0.9  # the runs are sized to this share of the wall time left
@@ -106,17 +108,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
 
 
+class Run(NamedTuple):
+    """A capped run: its cluster and policy, under the PE memory budget or not, Basic's batches ahead."""
+
+    cluster: str
+    policy: str
+    hbm: bool = False
+    ahead: int = 0
+
+
+SETTINGS = ("policy", "snic_mbps", "pe_hbm_mb", "basic_ahead", "basic_lands", "layerwise", "scheduler")
+
+
 def _run(out: str, walls: dict, base: RunConfig, name: str, **changes) -> dict:
     """One embedded run of `base` with `changes` into `out/name`, emptied first (a run again under the
     same name, e.g. the control at fewer agents, would otherwise find the blocks the last one stored
-    and hit where the simulator, and a first run, miss); its JCT and wall go into `walls`."""
+    and hit where the simulator, and a first run, miss); its JCT, wall and settings go into `walls`
+    (`sim validate` simulates each run with its settings)."""
     cfg = base.replace(out=os.path.join(out, name), **changes)
     shutil.rmtree(cfg.out, ignore_errors=True)
     t0 = time.time()
     r = run_embedded(cfg, progress=False)
     peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
     walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0, "rows_per_pass": rows_per_pass(r),
-                   "pe_buffer_peak_mb": peak / 1e6, "agents": cfg.agents}
+                   "pe_buffer_peak_mb": peak / 1e6, "agents": cfg.agents,
+                   "settings": {"cluster": cfg.cluster.name} | {k: getattr(cfg, k) for k in SETTINGS}}
     log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f  PE buffer peak %.1f MB",
              name, r["jct_s"], walls[name]["wall_s"], r["paths"],
              None if r["snic_max_over_avg"] is None else round(r["snic_max_over_avg"], 2), rows_per_pass(r),
@@ -202,11 +218,13 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
     out = {"jct": {}, "balance": {}, "balance_all": {}, "rows": {}, "reports": []}
     hbm_mb = _hbm_budget_mb(m.base)
     out["hbm"] = {"pe_hbm_mb": hbm_mb, "jct_s": {}, "rows_per_pass": {}, "pe_buffer_peak_mb": {},
-                  "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic's "
-                          "reads land in device memory (its PE buffer is the budget), layerwise reads in host DRAM"}
+                  "note": "1p1d under the PE memory budget: it holds every layer of about one request's KV; Basic "
+                          "loads a batch's every layer into device memory (its PE buffer is the budget), then "
+                          "computes it; layerwise reads into host DRAM and holds two layers per row on the device"}
+    out["basic_ahead"] = {}  # cluster -> {batches ahead: JCT} of Basic without the budget
     overran, last_probe = [1.0], m.probes[-1]
     for spec in m.runs:
-        cluster, policy, budget = spec[0], spec[1], hbm_mb if spec[2] else None
+        cluster, policy, budget = spec.cluster, spec.policy, hbm_mb if spec.hbm else None
         name, expect = _name(spec), _cost(spec, k) * m.control["jct_s"]
         predicted = expect * max(overran) + m.overhead_s
         if elapsed() + predicted > max_wall_s:
@@ -214,7 +232,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
             log.info("%-22s %s", name, skipped[name])
             continue
         r = run(m.base, name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6,
-                pe_hbm_mb=budget)
+                pe_hbm_mb=budget, basic_ahead=spec.ahead)
         probe = speed_probe(m.base.model, m.shapes)  # between this run and the next
         walls[name]["probe_bare_s"], last_probe = [last_probe, probe], probe
         overran.append(r["jct_s"] / expect)
@@ -225,11 +243,15 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
     return out
 
 
-def _record(out: dict, spec: tuple, r: dict) -> None:
-    """A capped run's figures into `_capped`'s tables: under the memory budget by policy, else by
-    cluster and policy."""
-    cluster, policy, budget = spec
-    if budget:
+def _record(out: dict, spec: Run, r: dict) -> None:
+    """A capped run's figures into `_capped`'s tables: under the memory budget by policy, Basic by its
+    batches ahead, and the runs of the default settings by cluster and policy."""
+    cluster, policy = spec.cluster, spec.policy
+    if policy == "basic" and not spec.hbm:
+        out["basic_ahead"].setdefault(cluster, {})[spec.ahead] = r["jct_s"]
+    if spec.ahead:
+        return
+    if spec.hbm:
         out["hbm"]["jct_s"][policy] = r["jct_s"]
         out["hbm"]["rows_per_pass"][policy] = rows_per_pass(r)
         out["hbm"]["pe_buffer_peak_mb"][policy] = max(h["buffer_peak_bytes"] for h in r["hosts"]
@@ -268,7 +290,8 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "jct_s": jct, "snic_max_over_avg": out["balance"], "snic_max_over_avg_all_windows": out["balance_all"],
         "rows_per_pass": out["rows"],
         "plots": [figure] + [os.path.join(d, "storage.png") for d in out["reports"]],
-        "hbm": out["hbm"], "ran": [n for n in map(_name, m.runs) if n not in skipped], "skipped": skipped,
+        "hbm": out["hbm"], "basic_ahead": out["basic_ahead"],
+        "ran": [n for n in map(_name, m.runs) if n not in skipped], "skipped": skipped,
         "max_wall_s": args.max_wall_s, "runs": walls,
         "notes": "Embedded clusters in one process on this machine: hosts share the CPU, so compute is "
                  "contended too; the per-host storage NIC cap and the PE memory budget are the things emulated. "
@@ -303,29 +326,30 @@ def speed_probe(model: str, shapes: list[tuple[int, int, int, int]]) -> float:
     return sum(n * prefill_seconds(model, prefix, new, repeats=1, rows=rows) for rows, new, prefix, n in shapes)
 
 
-def _planned(quick: bool, hbm_only: bool) -> tuple[list, int]:
-    """(runs in order of importance as (cluster, policy, under the memory budget?), how many lead that
-    always run): the --hbm set, the --quick set, or the quick set, the memory-budget set, then the rest."""
-    hbm = [("1p1d", pol, True) for pol in HBM]
+def _planned(quick: bool, hbm_only: bool) -> tuple[list[Run], int]:
+    """(runs in order of importance, how many lead that always run): the --hbm set, the --quick set, or the
+    quick set, the rest of the --hbm set, then the others."""
+    hbm = [Run("1p1d", pol, hbm=True) for pol in HBM] + [Run("1p1d", "basic"), Run("1p1d", "basic", ahead=1)]
     if hbm_only:
         return hbm, len(hbm)
-    quick_runs = [(c, pol, False) for c, pol in QUICK]
+    quick_runs = [Run(c, pol) for c, pol in QUICK]
     if quick:
         return quick_runs, len(quick_runs)
-    return quick_runs + hbm + [(c, pol, False) for c, pol in FULL[len(QUICK):]], len(quick_runs) + len(hbm)
+    extra = [r for r in hbm if r not in quick_runs]
+    return quick_runs + extra + [Run(c, pol) for c, pol in FULL[len(QUICK):]], len(quick_runs) + len(extra)
 
 
-def _name(run: tuple) -> str:
-    return f"{run[0]}-{run[1]}" + ("-hbm" if run[2] else "")
+def _name(run: Run) -> str:
+    return f"{run.cluster}-{run.policy}" + ("-hbm" if run.hbm else "") + (f"-ahead{run.ahead}" if run.ahead else "")
 
 
-def _cost(run: tuple, k: float) -> float:
+def _cost(run: Run, k: float) -> float:
     """A capped run's predicted JCT in units of the control's: the storage factor over the run's
-    storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least one; Basic under
-    the memory budget loads and computes in turn, so its compute adds to its loads."""
-    c = ClusterSpec.parse(run[0])
-    load = max(1.0, k / (c.prefill if run[1] in ("basic", "pe-only") else c.prefill + c.decode))
-    return load + BASIC_HBM_COMPUTE if run[2] and run[1] == "basic" else load
+    storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least one; Basic loading no
+    batch ahead loads and computes in turn, so its compute adds to its loads."""
+    c = ClusterSpec.parse(run.cluster)
+    load = max(1.0, k / (c.prefill if run.policy in ("basic", "pe-only") else c.prefill + c.decode))
+    return load + BASIC_COMPUTE if run.policy == "basic" and not run.ahead else load
 
 
 def _fit_wall(runs: list, essential: int, k: float, control_s: float, overhead_s: float, budget_s: float,

@@ -9,6 +9,8 @@
     dualjax sim --cluster 2p4d ... [--out DIR]  simulate a cluster at any scale (same scheduler and policies)
     dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
     dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
+    dualjax sim paper --json FILE [--no-large]  the paper's evaluation simulated: JSON, markdown table, figure
+    dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
     dualjax calibrate [--json FILE]             measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]

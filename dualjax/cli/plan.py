@@ -41,9 +41,10 @@ def simulated_window(args):
     from dualjax.sim.search import de_memory
     cfg = from_args(SimConfig, args, cluster=ClusterSpec(1, 1))
     hw = dataclasses.replace(get_hardware(cfg.hardware), gpus_per_node=args.gpus_per_node)
-    nics, line = ((1, cfg.snic_mbps * 8e-3) if cfg.snic_mbps  # --snic-mbps: MB/s per node, as `sim.build` takes it
-                  else (args.snic_per_node, args.snic_gbps or args.cnic_gbps))
-    snic = line * hw.snic_efficiency
+    if cfg.snic_mbps:  # --snic-mbps: MB/s per node delivered, as `sim.build` takes it
+        nics, snic = 1, cfg.snic_mbps * 8e-3
+    else:
+        nics, snic = args.snic_per_node, (args.snic_gbps or args.cnic_gbps) * hw.snic_efficiency
     memory = de_memory(cfg, args.nodes, hw)
     w = pd_window(args.gpus_per_node, nics, args.cnic_gbps, args.dram_gbs, snic, memory)
     _show(f"P/D window of the simulated cluster (storage NICs at {snic:.0f} Gbit/s, {nics:g} per node; "

@@ -10,15 +10,16 @@ from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, 
 
 
 def add_parsers(sub, parent: list, argv: list[str]) -> None:
-    """`sim` (a simulation) with its subcommands `ablation` and `validate`, and `calibrate`; `argv`: the
+    """`sim` (a simulation) with its subcommands `ablation`, `validate`, `paper` and `fit`, and `calibrate`; `argv`: the
     command line's words from the subcommand on (a lazy subcommand's flags load only when it runs)."""
     from dualjax.cli.parsing import add_lazy, json_flag, out_flag, plot_flag
     sim = sub.add_parser("sim", parents=parent, help="simulate a cluster (any size) with the runtime's scheduler "
-                         "and policies; subcommands: ablation, validate")
+                         "and policies; subcommands: ablation, validate, paper, fit")
     add_flags(sim, SimConfig)
     sim.add_argument("--find-capacity", action="store_true",
                      help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
-                     "each trial runs arrivals for five agent lifetimes and scores the window after the second")
+                     "each trial runs until TTFT over a 150-s window is within 5%% of its value 30 minutes earlier "
+                     "and scores that window")
     sim.add_argument("--slo-attainment", type=number(high=1.0), default=0.9,
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
     out_flag(sim, None, "the run's request table, report.json and plots, as a real run's")
@@ -34,6 +35,10 @@ def add_parsers(sub, parent: list, argv: list[str]) -> None:
     abl.set_defaults(func=ablation_main)
     add_lazy(subs, "validate", "dualjax.cli.validate", "the e2e benchmark's configurations, for real and in the "
              "simulator, compared", argv[:2] == ["sim", "validate"])
+    add_lazy(subs, "paper", "dualjax.cli.paper", "the paper's evaluation points simulated: JSON, a markdown table "
+             "and a figure", argv[:2] == ["sim", "paper"])
+    add_lazy(subs, "fit", "dualjax.cli.fit", "fit paper-h800's three fitted inputs to the paper's figures and "
+             "write the fit file", argv[:2] == ["sim", "fit"])
     cal = sub.add_parser("calibrate", parents=parent, help="measure this machine into the simulator's `local` profile")
     cal.add_argument("--model", default="small")
     cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "

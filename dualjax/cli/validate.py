@@ -3,10 +3,13 @@
     dualjax sim validate --json FILE [--quick] [--real E2E.json]
 
 Runs `dualjax bench e2e` (or reads its JSON with `--real`), then simulates every configuration it
-ran on the `local` profile with the same storage cap and the real runs' own start-up profile (the
-PEs' packing fit, the scheduler's prefill rate), and reports `jct_error[config]` = simulated/real
-JCT - 1 (target |x| <= 0.15) and `speedup_error[cluster]`
-for the DualPath/Basic speed-up (target |x| <= 0.10). The profile is calibrated first when missing
+ran on the `local` profile with the settings each run recorded (cluster, policy, storage cap, PE
+memory budget, Basic's batches ahead) and the real runs' own start-up profile (the PEs' packing fit,
+the scheduler's prefill rate), and reports `jct_error[run]` = simulated/real JCT - 1 (target |x| <=
+0.15) and `speedup_error[key]` (target |x| <= 0.10) for DualPath over Basic per cluster and, where
+they ran, PE-only (layerwise) and DualPath over Basic under the memory budget (`1p1d-hbm-pe-only`,
+`1p1d-hbm-dualpath`) and Basic one batch ahead over none (`1p1d-basic-ahead1`). The profile is
+calibrated first when missing
 or with --recalibrate: before the real runs, so that both are measured under the same load and the
 calibration's time comes off the wall bound.
 """
@@ -81,29 +84,24 @@ def main(argv=None, args=None) -> dict:
     quick = real.get("quick", False)
     base = SimConfig(ClusterSpec(1, 1), hardware="local", model=real.get("model", "small"), workload=real["workload"],
                      agents=real.get("agents", 3 if quick else None), turns=real.get("turns", 3 if quick else None))
-    sim_jct, errors, speed = {}, {}, {}
-    configs = [(c, pol) for c, pols in real["jct_s"].items() for pol in pols]
-    for cluster, policy in [("1p1d", "control")] + configs:
-        name = f"{cluster}-{policy}"
-        cfg = dataclasses.replace(base, cluster=ClusterSpec.parse(cluster),
-                                  policy="basic" if policy == "control" else policy,
-                                  snic_mbps=None if policy == "control" else real["cap_mbps"])
-        speed[name] = _speed_ratio(hw, real.get("speed_probe", {}).get("shapes"),
-                                   _probe_of(real, CONTROL_RUN if policy == "control" else name))
+    real_jct, sim_jct, errors, speed = {}, {}, {}, {}
+    for name, settings, measured, probe in _configurations(real):
+        cfg = dataclasses.replace(base, **settings)
+        speed[name] = _speed_ratio(hw, real.get("speed_probe", {}).get("shapes"), _probe_of(real, probe))
         r = simulate(cfg, out=os.path.join(args.out, "sim", name), hardware=_scaled(hw, speed[name]), progress=False)
-        measured = real["control_uncapped_jct_s"] if policy == "control" else real["jct_s"][cluster][policy]
-        sim_jct.setdefault(cluster, {})[policy] = r["jct_s"]
+        real_jct[name], sim_jct[name] = measured, r["jct_s"]
         errors[name] = r["jct_s"] / measured - 1
-        log.info("%-20s real %7.2f s  sim %7.2f s  error %+.1f%%  (speed x%.2f)", name, measured, r["jct_s"],
+        log.info("%-24s real %7.2f s  sim %7.2f s  error %+.1f%%  (speed x%.2f)", name, measured, r["jct_s"],
                  100 * errors[name], speed[name])
-    speedup_error, sim_speedup = {}, {}
-    for cluster, real_speedup in real["speedup"].items():
-        sim_speedup[cluster] = sim_jct[cluster]["basic"] / sim_jct[cluster]["dualpath"]
-        speedup_error[cluster] = sim_speedup[cluster] / real_speedup - 1
+    speedup_error, sim_speedup, real_speedup = {}, {}, {}
+    for key, slow, fast in _speedups(real_jct):
+        real_speedup[key] = real_jct[slow] / real_jct[fast]
+        sim_speedup[key] = sim_jct[slow] / sim_jct[fast]
+        speedup_error[key] = sim_speedup[key] / real_speedup[key] - 1
     result = {
         "benchmark": "sim-validate", "quick": quick, "cap_mbps": real["cap_mbps"],
-        "jct_error": errors, "speedup_error": speedup_error, "real_jct_s": real["jct_s"], "sim_jct_s": sim_jct,
-        "real_speedup": real["speedup"], "sim_speedup": sim_speedup,
+        "jct_error": errors, "speedup_error": speedup_error, "real_jct_s": real_jct, "sim_jct_s": sim_jct,
+        "real_speedup": real_speedup, "sim_speedup": sim_speedup,
         "max_abs_jct_error": max(abs(v) for v in errors.values()),
         "max_abs_speedup_error": max(abs(v) for v in speedup_error.values()) if speedup_error else None,
         "targets": {"jct_error": 0.15, "speedup_error": 0.10}, "profile": hw.notes, "wall_s": time.time() - t0,
@@ -120,6 +118,41 @@ def main(argv=None, args=None) -> dict:
 
 
 REAL_KEYS = ("workload", "jct_s", "speedup", "cap_mbps", "control_uncapped_jct_s")
+SIM_SETTINGS = ("policy", "snic_mbps", "pe_hbm_mb", "basic_ahead", "basic_lands", "layerwise", "scheduler")
+
+
+def _configurations(real: dict) -> list[tuple[str, dict, float, str]]:
+    """(name, the simulation's settings, the real JCT, the run whose speed probe applies) of every run of an
+    e2e result: each with the settings it recorded (the control as `1p1d-control`), or, for results from
+    before runs recorded them, the control and the runs under `jct_s` (cluster, policy and the cap)."""
+    runs = real.get("runs", {})
+    if any("settings" in w for w in runs.values()):
+        out = []
+        for run, w in runs.items():
+            if run == "warmup" or "settings" not in w:
+                continue
+            settings = {k: w["settings"][k] for k in SIM_SETTINGS if k in w["settings"]}
+            settings["cluster"] = ClusterSpec.parse(w["settings"]["cluster"])
+            out.append(("1p1d-control" if run == CONTROL_RUN else run, settings, w["jct_s"], run))
+        return out
+    out = [("1p1d-control", {"policy": "basic"}, real["control_uncapped_jct_s"], CONTROL_RUN)]
+    for cluster, pols in real["jct_s"].items():
+        out += [(f"{cluster}-{pol}", {"cluster": ClusterSpec.parse(cluster), "policy": pol,
+                                      "snic_mbps": real["cap_mbps"]}, jct, f"{cluster}-{pol}")
+                for pol, jct in pols.items()]
+    return out
+
+
+def _speedups(jct: dict) -> list[tuple[str, str, str]]:
+    """(key, slower run, faster run) of the speed-ups a validation compares: per cluster DualPath over Basic
+    (the key: the cluster), and where they ran, layerwise (PE-only) and DualPath over Basic under the PE
+    memory budget and Basic one batch ahead over none (`bench e2e`'s names)."""
+    pairs = [(name.rsplit("-", 1)[0], name.replace("-dualpath", "-basic"), name) for name in jct
+             if name.endswith("-dualpath") and name.count("-") == 1]
+    pairs += [("1p1d-hbm-pe-only", "1p1d-basic-hbm", "1p1d-pe-only-hbm"),
+              ("1p1d-hbm-dualpath", "1p1d-basic-hbm", "1p1d-dualpath-hbm"),
+              ("1p1d-basic-ahead1", "1p1d-basic", "1p1d-basic-ahead1")]
+    return [(k, a, b) for k, a, b in pairs if a in jct and b in jct]
 
 
 def _load_real(p: argparse.ArgumentParser, path: str) -> dict:

@@ -1,8 +1,10 @@
 """PE intra-engine batching (docs/paper.md §7): pack requests FIFO into one prefill pass while the
-predicted attention-layer time of the batch stays within a compute quota; the request that would
-overflow is chunked, its chunk size found by binary search. The quota bounds attention only (the
-term that grows with each row's context and differs between data-parallel attention GPUs); the
-linear layers' time, per token and shared by the expert-parallel step, is left out of it. Passes
+predicted time of one attention layer over the batch stays within a compute quota; the request that
+would overflow is chunked, its chunk size found by binary search. The quota bounds attention only (the
+term that grows with each row's context and differs between data-parallel attention GPUs), per layer:
+a fit predicts the whole forward's attention, so `pack` divides it by the layers it covers. The
+linear layers' time, per token and shared by the expert-parallel step, is left out of it. Without
+intra-engine scheduling (quota None: the ablation's naive step) a pass takes every ready request. Passes
 here run rows padded to a common shape (no ragged attention on CPU), so the attention time is that
 of the padded batch; the simulator packs with the same rule, padded or ragged (GPU) passes. A fit
 without an attention term (a = 0) predicts no attention time: the quota then never binds and a pass
@@ -52,15 +54,20 @@ class Work:
     remaining: int
 
 
-def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int = 16, padded: bool = True):
-    """[(work, tokens)] for the next pass, FIFO, with the batch's predicted attention time within
-    `quota_s`. Padded passes (here: no ragged attention on CPU) run rows padded to the longest prefix
-    and chunk, so B rows are predicted to take B * attention(max cached, max new); ragged ones (GPUs,
-    in the simulator) the sum of each row's. A request that does not fit whole gets the largest chunk
-    that does (binary search) and closes the batch; the first request always gets at least
-    `min_chunk` tokens, so every pass progresses. `fit` has `attention(cached, new) -> seconds`: an
-    `AttentionFit` (the runtime, the simulator on measured profiles) or the simulator's `Costs`. Where it
-    predicts no attention time (a = 0) every request fits: only `max_chunk` bounds the pass."""
+def pack(queue: list[Work], fit, quota_s: float | None, max_chunk: int, min_chunk: int = 16, padded: bool = True,
+         layers: int = 1):
+    """[(work, tokens)] for the next pass, FIFO, with the predicted time of one attention layer over the
+    batch within `quota_s` (None: no quota, every request up to `max_chunk` tokens). `fit` has
+    `attention(cached, new) -> seconds` over `layers` attention layers (an `AttentionFit` of whole passes,
+    the simulator's `Costs`): one layer takes that over `layers`. Padded passes (here: no ragged
+    attention on CPU) run rows padded to the longest prefix and chunk, so B rows are predicted to take
+    B * attention(max cached, max new); ragged ones (GPUs, in the simulator) the sum of each row's. A
+    request that does not fit whole gets the largest chunk that does (binary search) and closes the
+    batch; the first request always gets at least `min_chunk` tokens, so every pass progresses. Where
+    the fit predicts no attention time (a = 0) every request fits: only `max_chunk` bounds the pass."""
+    if quota_s is None:
+        return [(w, min(w.remaining, max_chunk)) for w in queue]
+    quota_s *= layers  # the quota of one layer, against the fit's attention over all of them
     attention = fit.attention
     batch: list[tuple[Work, int]] = []
     spent = 0.0  # ragged: predicted attention seconds of the rows already in the batch
@@ -93,14 +100,26 @@ def pack(queue: list[Work], fit, quota_s: float, max_chunk: int, min_chunk: int 
 
 def fit_memory(plan: list, budget_bytes: float, bytes_per_token: float, layers_held: int, n_layers: int) -> list:
     """The head of a packed `plan` ([(work, tokens)]) whose KV fits a PE's device memory: each row holds
-    its prefix and new tokens' KV for `layers_held` of the model's `n_layers` layers (Basic: all of them,
-    loaded before the pass; layerwise: two, loaded, used and freed layer by layer). The first row always
-    stays, so every pass progresses."""
+    its prefix and new tokens' KV for `layers_held` of the model's `n_layers` layers (layerwise: one or
+    two, loaded, used and freed layer by layer). The first row always stays, so every pass progresses."""
     per_token = bytes_per_token * layers_held / n_layers
     held, kept = 0.0, []
     for w, n in plan:
         held += (w.cached + n) * per_token
         if kept and held > budget_bytes:
+            break
+        kept.append((w, n))
+    return kept
+
+
+def fit_free(plan: list, free_bytes: float, need) -> list:
+    """The head of a packed `plan` ([(work, tokens)]) whose further memory, `need(work)` bytes per row
+    (0 for a row that holds its memory already), fits `free_bytes`: a Basic batch about to be loaded.
+    Empty when not even its first row fits: the batch waits until memory is released."""
+    kept, used = [], 0.0
+    for w, n in plan:
+        used += need(w)
+        if used > free_bytes:
             break
         kept.append((w, n))
     return kept

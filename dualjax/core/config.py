@@ -201,17 +201,27 @@ class Settings:
     aps: float | None = setting(None, "online mode: agents arrive as a Poisson process at APS agents/s")
     layerwise: bool | None = setting(None, "layerwise prefill (default: the policy's; Basic is not layerwise)")
     use_store: bool = setting(True, "reference run: no store, every prompt recomputed", negate="--no-store")
-    snic_mbps: float | None = setting(None, "per-host storage NIC cap in MB/s (default: uncapped / the profile's)")
+    snic_mbps: float | None = setting(None, "per-host storage NIC read rate delivered, MB/s: the cap a real host's "
+                                      "reads get, the rate a simulated node's reads get (default: uncapped / the "
+                                      "profile's line rate x its storage efficiency)")
     block_tokens: int = setting(64, "tokens per KV block")
     prefill_chunk: int = setting(2048, "most new tokens of one request in one prefill pass (bounds attention "
                                  "memory)")
     compute_quota_ms: float = setting(
-        300.0, "predicted attention-layer time of the batch a PE packs into one pass (docs/paper.md §7)")
-    scheduler: str = setting("full", "engine selection: full (alpha/beta/Z, docs/paper.md §7) or naive (round-robin "
-                             "engines; the ablation's dual-path loading without the scheduler)")
+        300.0, "predicted time of one attention layer over the batch a PE packs into one pass (docs/paper.md §7)")
+    scheduler: str = setting("full", "full: inter-engine (alpha/beta/Z) and intra-engine (the compute quota) "
+                             "scheduling, docs/paper.md §7; naive: neither (round-robin engines, a PE packs every "
+                             "ready request; the ablation's dual-path step)")
     pe_hbm_mb: float | None = setting(None, "device memory a PE has for the KV of its passes, MB: Basic holds every "
-                                      "layer of a row's prompt KV and reads into it, layerwise two layers "
+                                      "layer of its batches' prompt KV, layerwise --layerwise-layers layers "
                                       "(default: the hardware's)")
+    basic_ahead: int = setting(0, "without layerwise prefill (Basic): batches a PE may load ahead of the one it "
+                               "computes (0: load a batch, compute it, then load the next)")
+    basic_lands: str = setting("hbm", "without layerwise prefill (Basic): where a batch loaded ahead waits: hbm "
+                               "(device memory holds every batch loading or loaded) or host (the PE buffer holds "
+                               "them; device memory only the batch computing)")
+    layerwise_layers: int = setting(2, "layers of a pass's KV a layerwise PE holds in device memory: 1 (load, use, "
+                                    "free) or 2 (the next layer loads while one computes)")
     workload_seed: int = setting(0, "workload seed", flag="--seed")
     think_time: str = setting("zero", "sessions: pause before each turn: zero (the paper's rule), recorded (the "
                               "trace's tool/user time) or a factor on the recorded pauses")
@@ -226,6 +236,12 @@ class Settings:
                   finite=True)
         if self.workload_seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.workload_seed}")
+        if self.basic_ahead < 0:
+            raise ConfigError(f"basic_ahead must be >= 0, got {self.basic_ahead}")
+        if self.basic_lands not in ("hbm", "host"):
+            raise ConfigError(f"basic_lands must be 'hbm' or 'host', got {self.basic_lands!r}")
+        if self.layerwise_layers not in (1, 2):
+            raise ConfigError(f"layerwise_layers must be 1 or 2, got {self.layerwise_layers}")
         if self.scheduler not in ("full", "naive"):
             raise ConfigError(f"scheduler must be 'full' or 'naive', got {self.scheduler!r}")
         if self.think_time not in ("zero", "recorded") and not re.fullmatch(r"\d+(\.\d*)?|\.\d+", self.think_time):

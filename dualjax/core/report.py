@@ -41,7 +41,7 @@ def normalise(records: list[dict]) -> list[dict]:
                 r[k] = r[k] - t0
         tt = [t - t0 for t in r.pop("token_times", [])]
         r["ttft"] = r["first_token"] - r["arrival"]
-        r["ttst"] = tt[1] - r["arrival"] if len(tt) > 1 else None
+        r["ttst"] = tt[1] - tt[0] if len(tt) > 1 else None  # time to second token: from the first
         r["tpot"] = (tt[-1] - tt[0]) / (len(tt) - 1) if len(tt) > 1 else None
         out.append(r)
     return out
@@ -109,10 +109,11 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
     "first_token": ("float", "s", "the first generated token was out"),
     "done": ("float", "s", "the last generated token was out"),
     "ttft": ("float", "s", "time to first token: first_token - arrival"),
-    "ttst": ("float", "s", "time to second token: second token - arrival; null when gen_len is 1"),
+    "ttst": ("float", "s", "time to second token: second token - first token; null when gen_len is 1"),
     "tpot": ("float", "s", "time per output token after the first; null when gen_len is 1"),
     "stored": ("float", "s", "real runs: its KV was written back to the store; null when simulated"),
-    "hbm_wait": ("float", "s", "simulated: waited for PE device memory before its pass; null in real runs"),
+    "load_wait": ("float", "s", "simulated, Basic: from the row's admission by its PE until its KV load started "
+                  "(its batch formed, with memory); null in real runs and layerwise prefill"),
     "generated": ("ids", "token ids", "real runs: the generated token ids; null when simulated"),
 }
 PATHS = ("pe", "de", "none")

@@ -1,16 +1,25 @@
 """The prefill host (PE): computes the miss tokens of requests layer by layer.
 
-Per request, FIFO: reserve PE buffer room; then either read the hit blocks itself through its
-storage NIC (PE read path) or receive them layer by layer from the DE (DE read path). Prefill
-runs in passes: each packs ready requests FIFO while the predicted prefill time (a fit profiled
-on this engine) stays within the compute quota, chunking the request that would overflow
-(docs/paper.md §7), and computes them as rows of one layerwise prefill. For each layer it sends each
-row's KV to its DE: hit **and** miss tokens on the PE path, only the miss tokens on the DE path
-(docs/paper.md §3). With layerwise prefill the layer-l+1 KV is still arriving while layer l
-computes; without it (the Basic baseline) a request waits until its whole prefix is loaded. A
-request's chunks hold at most `prefill_chunk` tokens, which bounds attention memory. If a block
-turns out bad mid-way (fewer valid blocks than planned), that request restarts with fewer hit
-blocks and still yields the reference tokens.
+Prefill runs in passes: each packs requests FIFO while the predicted time of one attention layer
+over the batch (a fit profiled on this engine) stays within the compute quota, chunking the request
+that would overflow (docs/paper.md §7; `scheduler` naive: no quota, every ready request), and
+computes them as rows of one layerwise prefill. For each layer it sends each row's KV to its DE:
+hit **and** miss tokens on the PE path, only the miss tokens on the DE path (docs/paper.md §3). A
+request's chunks hold at most `prefill_chunk` tokens, which bounds attention memory. How the hit KV
+gets in, as in the simulator (`dualjax.sim.prefill`):
+
+* Layerwise prefill: per request, FIFO, reserve PE buffer room, then either read the hit blocks
+  through this host's storage NIC (PE read path) or tell the DE to relay them layer by layer (DE
+  read path); a pass takes the requests loaded, and the oldest while it loads (layer l+1 arrives
+  while layer l computes). Device memory (`pe_hbm_mb`) holds `layerwise_layers` layers of a pass.
+* Without it (the Basic baseline): a batch is packed from the requests whose DE has room, cut to the
+  memory left, and only then loaded (its reads started, or the DE told to relay); it computes once
+  every row is loaded. `basic_ahead` batches may load while one computes; with `basic_lands` hbm
+  the PE buffer stands for device memory (at most `pe_hbm_mb`) and holds every layer of the prompt
+  KV of every batch formed, with host it holds the loaded hit KV and `pe_hbm_mb` bounds one batch.
+
+If a block turns out bad mid-way (fewer valid blocks than planned), that request restarts with
+fewer hit blocks and still yields the reference tokens.
 """
 
 from __future__ import annotations
@@ -19,10 +28,11 @@ import dataclasses
 import queue
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
-from dualjax.core.batching import Work, fit_memory, pack
+from dualjax.core.batching import Work, fit_free, fit_memory, pack
 from dualjax.core.policies import get_policy, layerwise_for
 from dualjax.core.records import HostStats, PassShape, PassTally
 from dualjax.runtime.buffers import HostBuffer, RequestKV
@@ -61,12 +71,17 @@ class _Inbox:
 
 class _Row:
     """A request on this PE from admission until its prefill is done: what it reads from, how many
-    hit blocks it uses, and the KV of the chunks computed so far (per layer, host arrays)."""
+    hit blocks it uses, and the KV of the chunks computed so far (per layer, host arrays). Basic: its
+    memory and read come when a batch takes it (`attach`); `batched` while a batch formed holds it."""
 
-    def __init__(self, a: Assign, rkv: RequestKV, ticket, nbytes: int, source, loaded):
-        self.a, self.rkv, self.ticket, self.nbytes, self.source, self.loaded = a, rkv, ticket, nbytes, source, loaded
-        self.restarts, self.t_pass = 0, None
-        self.restart(a.hit_blocks, rkv.layout, count=False)
+    def __init__(self, a: Assign, layout):
+        self.a, self.rkv, self.ticket, self.nbytes, self.source, self.loaded = a, None, None, 0, None, None
+        self.restarts, self.t_pass, self.batched = 0, None, False
+        self.restart(a.hit_blocks, layout, count=False)
+
+    def attach(self, rkv: RequestKV, ticket, nbytes: int, source, loaded) -> "_Row":
+        self.rkv, self.ticket, self.nbytes, self.source, self.loaded = rkv, ticket, nbytes, source, loaded
+        return self
 
     def restart(self, hit: int, layout, count: bool = True) -> None:
         self.hit, self.start = hit, hit * layout.block_tokens
@@ -81,8 +96,10 @@ class PrefillHost(Host):
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
         room = cfg.pe_buffer_mb * 2**20
-        if cfg.pe_hbm_mb is not None and not layerwise_for(get_policy(cfg.policy), cfg.layerwise):
-            room = min(room, cfg.pe_hbm_mb * 1e6)  # Basic reads into device memory: the budget bounds its reads too
+        # resolved only with a budget: a custom policy object run in-process is known here by name alone
+        if cfg.pe_hbm_mb is not None and cfg.basic_lands == "hbm" and not layerwise_for(get_policy(cfg.policy),
+                                                                                          cfg.layerwise):
+            room = min(room, cfg.pe_hbm_mb * 1e6)  # Basic loads into device memory: the budget bounds its batches
         self.buffer = HostBuffer("PE", int(room))
         self.buffer.check_fits(self.layout.block_bytes)
         self.inboxes: dict[int, _Inbox] = {}  # by request, `shared` between threads
@@ -109,45 +126,108 @@ class PrefillHost(Host):
             raise TypeError(f"prefill host got unexpected {type(msg).__name__} from rank {src}")
 
     def _admit_loop(self) -> None:
-        """FIFO admission: reserve buffer room, start the storage read or tell the DE to relay."""
+        """FIFO admission. Layerwise: reserve buffer room, start the storage read or tell the DE to relay;
+        Basic: nothing yet (a batch loads its rows, `_form`)."""
         for a in self.drain(self.admit_q):
-            nbytes = a.hit_blocks * self.layout.block_bytes
-            if not self.buffer.reserve(nbytes, self.stop):
+            row = _Row(a, self.layout)
+            if a.layerwise:
+                nbytes = a.hit_blocks * self.layout.block_bytes
+                if not self.buffer.reserve(nbytes, self.stop):
+                    return
+                self._load(row, nbytes)
+            self.work_q.put(row)
+
+    def _load(self, row: _Row, nbytes: int) -> None:
+        """Start a row's load into the `nbytes` of buffer it holds: the storage read, or (DE path) the DE
+        told to relay."""
+        a = row.a
+        rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens, self.buffer.pool), None
+        if a.path == "pe" and a.hit_blocks:
+            hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
+            ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)
+        elif a.path == "de":  # the DE reads; tell it we have room for its relay
+            self.transport.send(a.de, Ready(a.request.id))
+        self.expect_read(a, -1)
+        row.attach(rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket))
+
+    def _quota(self) -> float | None:
+        """The compute quota per attention layer, s; None without intra-engine scheduling (naive)."""
+        return None if self.cfg.scheduler == "naive" else self.cfg.compute_quota_ms / 1e3
+
+    def _pack(self, rows: list[_Row]) -> list:
+        return pack([Work(r, r.next, r.a.request.prompt_len - r.next) for r in rows], self.fit, self._quota(),
+                    self.cfg.prefill_chunk, layers=self.layout.n_layers)
+
+    def _form(self, rows: list[_Row], batches: deque) -> None:
+        """Basic: form and load batches while fewer than 1 + `basic_ahead` are formed and not yet computed:
+        FIFO over the rows whose DE has room and that no batch holds, packed, then cut to the memory left
+        (hbm: the buffer holds every layer of each new row's prompt KV; host: its hit KV, and `pe_hbm_mb`
+        bounds the batch's prompt KV)."""
+        while len(batches) < 1 + self.cfg.basic_ahead:
+            free = [r for r in rows if not r.batched and shared(self.inboxes, r.a.request.id, _Inbox).ready]
+            plan = self._pack(free)
+            if self.cfg.basic_lands == "host" and self.cfg.pe_hbm_mb is not None:
+                plan = fit_free(plan, self.cfg.pe_hbm_mb * 1e6, lambda w: self._basic_bytes(w.key, "hbm"))
+            plan = fit_free(plan, self.buffer.budget - self.buffer.used,
+                            lambda w: 0 if w.key.rkv is not None else self._basic_bytes(w.key, self.cfg.basic_lands))
+            if not plan:
+                if free and not batches:  # nothing holds memory, yet the oldest does not fit: never will
+                    self.buffer.check_fits(self._basic_bytes(free[0], self.cfg.basic_lands))
                 return
-            rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens, self.buffer.pool), None
-            if a.path == "pe" and a.hit_blocks:
-                hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
-                ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)
-            elif a.path == "de":  # the DE reads; tell it we have room for its relay
-                self.transport.send(a.de, Ready(a.request.id))
-            self.expect_read(a, -1)
-            self.work_q.put((a, rkv, ticket, nbytes))
+            for w, _ in plan:
+                w.key.batched = True
+                if w.key.rkv is None:
+                    nbytes = self._basic_bytes(w.key, self.cfg.basic_lands)
+                    self.buffer.reserve(nbytes, self.stop)  # fits: this thread alone reserves for Basic
+                    self._load(w.key, nbytes)
+            batches.append([(w.key, n) for w, n in plan])
+
+    def _basic_bytes(self, r: _Row, lands: str) -> int:
+        """What a Basic row holds: in device memory (hbm) every layer of its prompt's KV, in the PE buffer
+        (host) its hit blocks."""
+        if lands == "hbm":
+            return RequestKV.nbytes(self.layout, r.a.request.prompt_len)
+        return r.a.hit_blocks * self.layout.block_bytes
+
+    def _next_pass(self, rows: list[_Row], batches: deque) -> list:
+        """[(row, tokens)] of the next pass, or [] when none is ready. Basic: the oldest batch once every row
+        is loaded. Layerwise: the ready rows packed, then cut to device memory (`layerwise_layers` layers)."""
+        if rows and not rows[0].a.layerwise:  # every Assign carries the run's one layerwise switch
+            self._form(rows, batches)
+            return batches[0] if batches and all(r.loaded() for r, _ in batches[0]) else []
+        ready = self._ready(rows)
+        if not ready:
+            return []
+        plan = self._pack(ready)
+        if self.cfg.pe_hbm_mb is not None:
+            L = self.layout.n_layers
+            plan = fit_memory(plan, self.cfg.pe_hbm_mb * 1e6, self.layout.block_bytes / self.layout.block_tokens,
+                              self.cfg.layerwise_layers, L)
+        return [(w.key, n) for w, n in plan]
 
     def _work_loop(self) -> None:
-        """Prefill passes: each packs the ready requests FIFO within the compute quota (the one
-        that overflows gets a chunk) and computes them as rows of one layerwise prefill."""
+        """Prefill passes: each packs requests FIFO within the compute quota (the one that overflows gets a
+        chunk) and computes them as rows of one layerwise prefill."""
         rows: list[_Row] = []
+        batches: deque[list] = deque()  # Basic: the batches formed, oldest first
         while not self.stop.is_set():
             try:
                 while True:  # take what was admitted; wait a little only when idle
-                    a, rkv, ticket, nbytes = self.work_q.get(timeout=0.05 if not rows else 0.0)
-                    rows.append(_Row(a, rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket)))
+                    rows.append(self.work_q.get(timeout=0.05 if not rows else 0.0))
             except queue.Empty:
                 pass
-            ready = self._ready(rows)
-            if not ready:
+            plan = self._next_pass(rows, batches)
+            if not plan:
                 time.sleep(0.002)
                 continue
-            plan = pack([Work(r, r.next, r.a.request.prompt_len - r.next) for r in ready], self.fit,
-                        self.cfg.compute_quota_ms / 1e3, self.cfg.prefill_chunk)
-            if self.cfg.pe_hbm_mb is not None:  # device memory: Basic holds all layers of its rows, layerwise two
-                L = self.layout.n_layers
-                plan = fit_memory(plan, self.cfg.pe_hbm_mb * 1e6, self.layout.block_bytes / self.layout.block_tokens,
-                                  2 if ready[0].a.layerwise else L, L)
+            if not plan[0][0].a.layerwise:  # Basic's batch: computed now (or, on a restart, formed again)
+                batches.popleft()
+                for r, _ in plan:
+                    r.batched = False
+            cached, new = max(r.next for r, _ in plan), max(n for _, n in plan)
             t0 = time.perf_counter()
-            finished = self._pass([(w.key, n) for w, n in plan])
+            finished = self._pass(plan)
             seconds = time.perf_counter() - t0
-            cached, new = max(w.cached for w, _ in plan), max(n for _, n in plan)
             self.passes += 1  # against the fit's prediction, and by padded shape (`dualjax calibrate`)
             self.pass_s += seconds
             self.pass_predicted_s += len(plan) * self.fit.predict(cached, new)

@@ -86,7 +86,7 @@ def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None
     cols = complete(sim.columns())
     own = {"hardware": dataclasses.asdict(sim.hw), "events": sim.events_done, "wall_s": sim.wall_s,
            "events_per_s": sim.events_done / sim.wall_s if sim.wall_s else None,
-           "prefill": sim.pe_summary(), "utilisation": sim.link_summary()}
+           "prefill": sim.pe_summary(), "utilisation": sim.link_summary(), **sim.sim_summary()}
     workload = workload_report(cfg.workload, cfg.agents, cfg.workload_seed, model_context(cfg.model), cfg.block_tokens)
     report = build_report("simulated", cols, sim.host_stats(), cfg, get_policy(policy or cfg.policy).name,
                           slo_for(cfg.workload), workload, own)

@@ -1,13 +1,14 @@
-"""The paper's ablation in one run: Basic, + layerwise prefill, + dual-path loading (naive scheduler),
-+ the full scheduler, and Oracle beside them (docs/paper.md §9, §9), on one cluster and workload.
+"""The paper's ablation in one run: Basic, + layerwise prefill, + dual-path loading (naive scheduling),
++ scheduling, and Oracle beside them (docs/paper.md §10, §11), on one cluster and workload.
 
 Steps (name: policy, layerwise, scheduler, hardware):
 
-* `basic`: PE-only reads, no layerwise prefill, full scheduler;
+* `basic`: PE-only reads, no layerwise prefill (a PE loads a batch, then computes it: `basic_ahead`),
+  full scheduling;
 * `layerwise`: PE-only reads, layerwise prefill;
-* `dual-path`: DualPath's read-path choice with the naive scheduler (round-robin engines, no
-  alpha/beta/Z rules);
-* `dualpath`: the full DualPath scheduler;
+* `dual-path`: DualPath's read-path choice without scheduling at either level (`scheduler` naive:
+  round-robin engines, no alpha/beta/Z rules, and a PE packs every ready request: no compute quota);
+* `dualpath`: the full DualPath scheduler (inter-engine alpha/beta/Z and the intra-engine quota);
 * `oracle`: the full scheduler with free storage reads and transfers;
 * `round-robin` (extra): reads alternating sides under the full scheduler, for storage-NIC balance.
 
@@ -21,34 +22,55 @@ import dataclasses
 
 from dualjax.core.config import SimConfig
 from dualjax.sim import simulate
+from dualjax.sim.profiles import Hardware, get_hardware, oracle_of
 
 STEPS = (("basic", dict(policy="basic", scheduler="full")),
          ("layerwise", dict(policy="pe-only", scheduler="full")),
          ("dual-path", dict(policy="dualpath", scheduler="naive")),
          ("dualpath", dict(policy="dualpath", scheduler="full")),
-         ("oracle", dict(policy="dualpath", scheduler="full", hardware="oracle", snic_mbps=None)),
+         ("oracle", dict(policy="dualpath", scheduler="full", snic_mbps=None)),
          ("round-robin", dict(policy="round-robin", scheduler="full")))
 
 
-def ablation(cfg: SimConfig, log=print, steps: tuple[str, ...] | None = None) -> dict:
-    """Simulate every step on `cfg` (its policy, scheduler and layerwise settings are the steps')."""
+def step_report(cfg: SimConfig, step: str, hardware: Hardware | None = None) -> dict:
+    """One step of the ablation on `cfg` (its policy, scheduler and layerwise settings are the step's)."""
+    hw = hardware or get_hardware(cfg.hardware)
+    changes = dict(STEPS)[step]
+    return simulate(dataclasses.replace(cfg, layerwise=None, **changes), progress=False,
+                    hardware=oracle_of(hw) if step == "oracle" else hw)
+
+
+def summary(r: dict) -> dict:
+    """What the ablation keeps of a step's report (the simulator's own figures without the hardware)."""
+    own = r["sim"]
+    return {"requests": r["requests"], "jct_s": r["jct_s"], "tokens_per_s": r["tokens_per_s"],
+            "ttft_s": r["ttft_s"], "tpot_s": r["tpot_s"], "ttst_s": r["ttst_s"], "paths": r["paths"],
+            "snic_max_over_avg": r["snic_max_over_avg"], "prefill": own["prefill"], "utilisation": own["utilisation"],
+            "sim": {k: v for k, v in own.items() if k not in ("hardware", "prefill", "utilisation")},
+            "wall_s": own["wall_s"], "events": own["events"]}
+
+
+def describe(name: str, r: dict) -> str:
+    """One line of a step's figures (the ablation's progress)."""
+    own = r["sim"]
+    return (f"  {name:12s} JCT {r['jct_s']:9.1f} s  TTFT p50 {r['ttft_s']['p50']:7.2f} s  TPOT p50 "
+            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {own['prefill']['rows_per_pass'] or 0:5.2f}  "
+            f"PE SNIC busy {own['pe_snic_busy_mean']:.0%}  SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  "
+            f"busiest {own['utilisation']['binding']}  ({own['wall_s']:.0f} s)")
+
+
+def ablation(cfg: SimConfig, log=print, steps: tuple[str, ...] | None = None, hardware: Hardware | None = None) -> dict:
+    """Simulate every step on `cfg` (on `hardware`, default `cfg.hardware`; Oracle: the same, I/O free)."""
     out = {"cluster": cfg.cluster.name, "agents": cfg.agents, "workload": cfg.workload, "model": cfg.model,
            "hardware": cfg.hardware, "jct_s": {}, "vs_basic": {}, "snic_max_over_avg": {}, "steps": {}}
     for name, changes in STEPS:
         if steps is not None and name not in steps:
             continue
-        r = simulate(dataclasses.replace(cfg, layerwise=None, **changes), progress=False)
-        own = r["sim"]
+        r = step_report(cfg, name, hardware)
         out["jct_s"][name] = r["jct_s"]
         out["snic_max_over_avg"][name] = r["snic_max_over_avg"]
-        out["steps"][name] = {
-            **changes, "requests": r["requests"], "tokens_per_s": r["tokens_per_s"], "ttft_s": r["ttft_s"],
-            "tpot_s": r["tpot_s"], "ttst_s": r["ttst_s"], "paths": r["paths"], "prefill": own["prefill"],
-            "utilisation": own["utilisation"], "wall_s": own["wall_s"]}
-        log(f"  {name:12s} JCT {r['jct_s']:9.1f} s  TTFT p50 {r['ttft_s']['p50']:7.2f} s  TPOT p50 "
-            f"{(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  rows/pass {own['prefill']['rows_per_pass'] or 0:5.2f}  "
-            f"SNIC max/avg {r['snic_max_over_avg'] or float('nan'):.2f}  busiest {own['utilisation']['binding']}  "
-            f"({own['wall_s']:.0f} s)")
+        out["steps"][name] = {**changes, **summary(r)}
+        log(describe(name, r))
     if "basic" in out["jct_s"]:
         base = out["jct_s"]["basic"]
         out["vs_basic"] = {k: v / base - 1 for k, v in out["jct_s"].items()}

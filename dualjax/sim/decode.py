@@ -2,11 +2,13 @@
 
 Between joins and leaves every member of a DE's batch advances at the batch's step time, so the
 cost is an event per join and leave, not per token. A step is the HBM roofline (weights of the
-DE's expert-parallel share, the batch's KV and indexer keys) overlapped with its EP all-to-all
-over the DE's compute NIC (model traffic: high priority; without priority it shares the line
-with KV transfers queued there), plus a fixed per-step overhead. Before decoding, the prompt's KV
-moves from the DE buffer into the DE's HBM (a loopback over its compute NIC: the second DE DRAM
-read of docs/paper.md §8). Full blocks are written back (counted, not queued).
+DE's expert-parallel share, the batch's KV and indexer keys) overlapped with its EP all-to-all,
+which takes the longer of its bytes over the DE's compute NIC (model traffic: high priority;
+without priority it shares the line with KV transfers queued there) and the latency floor of the
+low-latency kernels (per MoE layer a dispatch and a combine, `Costs.ep_latency_s`), plus a fixed
+per-step overhead. Before decoding, the prompt's KV moves from the DE buffer into the DE's HBM (a
+loopback over its compute NIC: the second DE DRAM read of docs/paper.md §8). Full blocks are
+written back (counted, not queued).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ class DecodeEngine:
     """A continuous decode batch as a fluid: `steps` advance at 1/step_s between membership changes."""
 
     __slots__ = ("rank", "node", "tx", "rx", "members", "n", "ready", "steps", "t_ref", "step_s", "ctx_base",
-                 "version", "busy_s", "ep_nodes")
+                 "version", "busy_s", "ep_nodes", "ep_floor_s")
 
-    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, ep_nodes: int = 1):
+    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, ep_nodes: int = 1, ep_floor_s: float = 0.0):
         self.rank, self.node, self.tx, self.rx, self.ep_nodes = rank, node, tx, rx, ep_nodes
+        self.ep_floor_s = ep_floor_s  # the EP all-to-all's latency floor per step (`Costs.ep_latency_s`)
         self.members: list[tuple[float, int]] = []  # heap of (finish step, request id)
         self.n, self.ready = 0, deque()
         self.steps = self.t_ref = self.step_s = self.busy_s = 0.0
@@ -93,7 +96,7 @@ class DecodeSide:
             joined.append(rid)
         self._retime(de)
         for rid in joined:
-            c["ttst"][rid] = self.now + de.step_s  # the second token comes with the next step
+            c["second_token"][rid] = self.now + de.step_s  # the second token comes with the next step
 
     def _slowdown(self, engine) -> float:
         """`local`: engines share the machine's cores; how much the others computing slow this one."""
@@ -114,10 +117,10 @@ class DecodeSide:
             return
         ep = self.costs.ep_bytes(de.n, de.ep_nodes)
         ep_s = ep / min(de.tx.model_rate(self.now), de.rx.model_rate(self.now)) if ep else 0.0
-        de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps, ep_s)
+        de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps, max(ep_s, de.ep_floor_s))
         if self.shared:
             de.step_s *= self._slowdown(de)
-        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / de.step_s)
+        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / de.step_s)  # its bytes' share of the line
         due = self.now + max(0.0, de.members[0][0] - de.steps) * de.step_s
         self.at(due, self._decode_event, de, de.version)
 
@@ -139,7 +142,7 @@ class DecodeSide:
         if gen > 1:
             c["tpot"][rid] = (self.now - c["first_token"][rid]) / (gen - 1)
         else:
-            c["ttst"][rid] = np.nan
+            c["second_token"][rid] = np.nan
         if self.cfg.use_store:  # every block that filled, the prompt's new ones first
             de.node.write_bytes += ((prompt + gen - 1) // self.T - hit // self.T) * self.T * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))

@@ -10,8 +10,8 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
 1. it arrives (agents: offline all at 0, online Poisson; the next turn starts when the previous
    one completes, after an optional think time) and waits in the scheduler's FIFO queue;
 2. the scheduler places it (PE, DE, path) exactly as in a real run; the DE buffer takes its
-   prompt KV; Basic then waits for device memory on its PE; the reading side's storage NIC reads
-   its hit blocks into the PE or DE buffer (Basic: on into the PE's HBM);
+   prompt KV; layerwise, the reading side's storage NIC then reads its hit blocks into the PE or DE
+   buffer; Basic waits on its PE for a batch to be formed and loaded (`prefill.py`);
 3. PEs step in groups and pack passes with the runtime's `batching.pack` (`prefill.py`);
 4. the prefill's KV goes to the DE buffer (hit + miss on the PE path, miss only on the DE path),
    then into the DE's HBM, and the DE decodes it in a continuous batch (`decode.py`).
@@ -42,8 +42,8 @@ from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2}
-FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "ttst", "done", "tpot",
-                 "hbm_wait")
+FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "second_token", "done",
+                 "tpot", "load_wait")
 INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts")
 
 
@@ -101,6 +101,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.next_turn = [0] * len(append)
         self.next_id = 0
         self.events: list = []
+        self.seeded, self.wall_s = False, 0.0  # `run`: the agents' starts queued; its wall time so far
         self.seq = 0
         self.now = 0.0
         self.events_done = 0
@@ -136,7 +137,7 @@ class Simulation(PrefillSide, DecodeSide):
                             if mem <= 0:
                                 raise SimError(self._no_memory(size * g))
                             self.de_mem = max(self.de_mem, mem)
-                            e = DecodeEngine(rank, node, tx, rx, size)
+                            e = DecodeEngine(rank, node, tx, rx, size, costs.ep_latency_s(size * g))
                             self.decoders.append(e)
                             views.append(EngineView(rank, role, node.id, free_tokens=None if math.isinf(mem) else mem))
                         self.engines[rank] = e
@@ -172,15 +173,23 @@ class Simulation(PrefillSide, DecodeSide):
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, fn, args))
 
-    def run(self) -> "Simulation":
+    def run(self, until: float | None = None) -> "Simulation":
+        """Simulate every request, or (`until`) up to that simulated time, leaving later ones unfinished;
+        a later call goes on from there."""
         t_wall = time.perf_counter()
-        for a, t in enumerate(self.starts):
-            self.at(float(t), self._submit, a)
+        if not self.seeded:
+            for a, t in enumerate(self.starts):
+                self.at(float(t), self._submit, a)
+            self.seeded = True
+        else:  # back to lists while running (`__init__`)
+            self.cols = {k: v.tolist() for k, v in self.cols.items()}
         done = 0
         with tqdm(total=self.n_requests, desc=f"sim {self.cfg.cluster.name} {self.policy.name}", unit="req",
                   disable=not self.progress, leave=False, mininterval=1.0) as bar:
             events = self.events
             while events:
+                if until is not None and events[0][0] > until:
+                    break
                 self.now, _, fn, args = heapq.heappop(events)
                 fn(*args)
                 self.events_done += 1
@@ -189,11 +198,11 @@ class Simulation(PrefillSide, DecodeSide):
                 if self.completed - done >= 1000:
                     bar.update(self.completed - done)
                     done = self.completed
-        if self.completed != self.n_requests:
+        if self.completed != self.n_requests and until is None:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")
         self.cols = {k: np.array(v, np.float64 if k in FLOAT_COLUMNS else np.int64) for k, v in self.cols.items()}
-        self.wall_s = time.perf_counter() - t_wall
+        self.wall_s += time.perf_counter() - t_wall
         return self
 
     # -- arrivals and placement --------------------------------------------------------------------
@@ -235,42 +244,45 @@ class Simulation(PrefillSide, DecodeSide):
         de.node.buffer.reserve(r.prompt_tokens * self.kvb, lambda: self._admitted(row, pe, de))
 
     def _admitted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
-        """The DE buffer holds room for the prompt's KV. Basic: reserve every layer of the prompt's KV in
-        the PE's HBM first; layerwise: on the PE path, room for the hit KV in the PE buffer."""
+        """The DE buffer holds room for the prompt's KV. Layerwise: read the hit blocks (on the PE path once
+        the PE buffer has room for them); Basic: the DE path reads into the DE buffer now, and the PE forms
+        and loads its batches (`PrefillSide._form`)."""
         if not self.layerwise:
-            row.hbm_asked = self.now
-            pe.hbm.reserve((row.cached + row.remaining) * self.kvb, lambda: self._hbm_granted(row, pe, de))
+            row.admitted = self.now
+            if row.path == "de":
+                self._read(row, de.node, pe)
+            self._form(pe)
         elif row.cached and row.path == "pe":
             row.buf = row.cached * self.kvb
             pe.node.buffer.reserve(row.buf, lambda: self._read(row, pe.node, pe))
         else:
             self._read(row, de.node if row.path == "de" else pe.node, pe)
 
-    def _hbm_granted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
-        row.hbm = (row.cached + row.remaining) * self.kvb
-        self.cols["hbm_wait"][row.rid] = self.now - row.hbm_asked
-        self._read(row, de.node if row.path == "de" else pe.node, pe)
-
-    def _read(self, row: Row, node: Node, pe: PrefillEngine) -> None:
-        """Read the hit blocks into `node`'s buffer (Basic: then on into the PE's HBM)."""
+    def _read(self, row: Row, node: Node, pe: PrefillEngine, into_hbm: bool = False) -> None:
+        """Read the hit blocks into `node`'s buffer and let the PE start once they are in (`into_hbm`: a Basic
+        batch's row, on into the PE's HBM; the batch pokes its PE once all its rows are in, `_form`)."""
         nbytes = row.cached * self.kvb
         if not nbytes:
             row.t0 = row.t1 = self.now
-            self._poke(pe)
+            if not into_hbm:
+                self._poke(pe)
             return
         t0, t1 = node.snic.reserve(self.now, nbytes)
         node.account_read(t0, t1, nbytes)
         t1 = max(t1, node.dram.reserve(self.now, nbytes)[1])  # written into the host buffer
-        self.at(t1, self._read_done, node.id, row.cached)
-        if not self.layerwise:  # into HBM before the pass: the loopback or the relay, behind the read
+        if into_hbm:  # into HBM before the pass: the loopback, behind the read
+            self.at(t1, self._read_done, node.id, row.cached, None)
             t1 = self._to_gpu(row, pe, t1, nbytes)
+        else:  # one event: the read queue shrinks and the PE may start
+            self.at(t1, self._read_done, node.id, row.cached, pe)
         row.t0, row.t1 = t0, t1
-        self.at(t1, self._poke, pe)
         if self.layerwise:  # the oldest row may start while it loads
             self._poke(pe)
 
-    def _read_done(self, node: int, tokens: int) -> None:
+    def _read_done(self, node: int, tokens: int, pe: PrefillEngine | None) -> None:
         self.scheduler.set_read_queue(node, self.scheduler.read_queue(node) - tokens)
+        if pe is not None:
+            self._poke(pe)
 
     # -- results -----------------------------------------------------------------------------------
     def host_stats(self) -> list[HostStats]:
@@ -282,25 +294,38 @@ class Simulation(PrefillSide, DecodeSide):
             series = [(k * node.window, float(b)) for k, b in enumerate(cum)]
             out.append(HostStats(node.id, node.role, kv_sent_bytes=node.relay_bytes,
                                  busy_s=sum(e.busy_s for e in engines) / len(engines),
-                                 buffer_peak_bytes=node.buffer.peak,
+                                 buffer_peak_bytes=node.buffer.peak, buffer_budget_bytes=node.buffer.budget,
                                  snic=SnicStats(node.snic.bytes, node.snic.busy_s, series=series),
                                  store=StoreStats(bytes_written=node.write_bytes)))
         return out
 
     def pe_summary(self) -> dict:
-        """What the PEs did: rows per pass, passes, compute vs group time, and Basic's wait for device memory."""
+        """What the PEs did: rows per pass, passes, compute vs group time, and Basic's wait from its DE buffer's
+        room to the start of its load (its batch formed: the batches before it computed, memory freed)."""
         pes = [e for e in self.engines.values() if isinstance(e, PrefillEngine)]
         passes, rows = sum(e.passes for e in pes), sum(e.rows_run for e in pes)
         busy, compute = sum(e.busy_s for e in pes), sum(e.compute_s for e in pes)
-        wait = self.cols["hbm_wait"][~np.isnan(self.cols["hbm_wait"])]
+        wait = self.cols["load_wait"][~np.isnan(self.cols["load_wait"])]
         jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
         return {"rows_per_pass": rows / passes if passes else None, "passes": passes,
                 "group_passes": sum(g.passes for g in self.groups), "ep_groups": [g.nodes for g in self.groups],
                 "busy_fraction": busy / len(pes) / jct, "compute_fraction_of_busy": compute / busy if busy else None,
                 "hbm_budget_gb": min(e.hbm.budget for e in pes) / 1e9,
                 "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
-                "hbm_wait_s": {"mean": float(wait.mean()) if wait.size else None,
-                               "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+                "load_wait_s": {"mean": float(wait.mean()) if wait.size else None,
+                                "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+
+    def sim_summary(self) -> dict:
+        """Per role: the buffers' peak over the run against their budget (GB, the busiest node's), and the
+        storage NICs' mean busy fraction (`link_summary` has the busiest one's)."""
+        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        out = {}
+        for role, tag in (("prefill", "pe"), ("decode", "de")):
+            nodes = [n for n in self.nodes if n.role == role]
+            out[f"{tag}_buffer_peak_gb"] = max(n.buffer.peak for n in nodes) / 1e9
+            out[f"{tag}_buffer_budget_gb"] = nodes[0].buffer.budget / 1e9
+            out[f"{tag}_snic_busy_mean"] = sum(n.snic.busy_s for n in nodes) / len(nodes) / jct
+        return out
 
     def link_summary(self) -> dict:
         """Busy fraction of each kind of resource over the run (the busiest one of its kind), by role: the
@@ -328,6 +353,6 @@ class Simulation(PrefillSide, DecodeSide):
     def columns(self) -> dict[str, np.ndarray]:
         c = dict(self.cols)
         c["ttft"] = c["first_token"] - c["arrival"]
-        c["ttst"] = c["ttst"] - c["arrival"]
+        c["ttst"] = c["second_token"] - c["first_token"]  # time to second token: from the first (docs/paper.md §9)
         c["path"] = np.array(list(PATH_CODES))[c["path"]]
         return c

@@ -1,49 +1,63 @@
 """The prefill side of the simulation: PE engines, their expert-parallel groups, device memory and passes.
 
 A PE group (the PE GPUs of up to `Hardware.ep_gpus` GPUs, whole nodes) steps together: when it
-is idle and a member has a row ready, every member packs its own ready rows with the runtime's
-`batching.pack` (the compute quota on the predicted attention-layer time, docs/paper.md §7) and the pass
-ends when its slowest member ends (an expert-parallel step: the MoE all-to-all waits for every
-member). A member's pass takes the profile's time at the batch's efficiency, overlapped with its
-EP all-to-all on its compute NIC (model traffic, high priority).
+is idle and a member has a batch ready, every member with one computes it and the pass ends when
+its slowest member ends (an expert-parallel step: the MoE all-to-all waits for every member; a
+member without a batch runs its experts for the others' tokens). A member's pass takes the
+profile's time at the batch's efficiency, overlapped with its EP all-to-all on its compute NIC
+(model traffic, high priority). Batches are packed with the runtime's `batching.pack`: the compute
+quota bounds one attention layer of the batch (docs/paper.md §7), or, without intra-engine
+scheduling (`scheduler` naive), a pass takes every ready row.
 
-Device memory (`PrefillEngine.hbm`): Basic (not layerwise) reserves every layer of a row's prompt
-KV (hit + miss) before its storage read starts and holds it until the row's last pass ends, so
-HBM caps both its reads in flight and its batch; the read lands in HBM (storage -> PE buffer ->
-loopback over the PE's compute NIC, or the relay from the DE buffer). Layerwise holds two layers
-of the batch's KV at a time, so HBM bounds the batch only; the row's hit KV waits in the PE or
-DE host buffer and moves layer by layer during the pass (loopback or relay), the pass ending no
-earlier than its last layer's arrival plus that layer's compute.
+Two loading disciplines, as in the runtime (`dualjax.runtime.prefill_host`):
+
+* Layerwise prefill: a row's storage read starts once it is placed (and its hit KV has room in the
+  buffer that receives it); its KV waits there and moves into HBM layer by layer during the pass,
+  which ends no earlier than its last layer's arrival plus that layer's compute. HBM holds
+  `layerwise_layers` layers of the batch (`batching.fit_memory`), so it bounds the batch only.
+* Without it (Basic): a PE forms a batch (packed FIFO from its placed rows, then cut to the memory
+  it has, `batching.fit_free`) and only then loads it: every layer of its rows' prompt KV must be in
+  HBM before the pass starts. `basic_ahead` batches may be loading or loaded while one computes (0:
+  load, compute, load, ...). With `basic_lands` hbm the read goes through the PE buffer into HBM and
+  HBM holds every batch formed; with host the read lands in the PE buffer, which holds the batches
+  waiting, and each moves into HBM (a loopback) when its pass starts. A row keeps its memory until its
+  last pass ends; a row chunked by the quota goes on in a later batch without another read.
 """
 
 from __future__ import annotations
 
-from dualjax.core.batching import fit_memory, pack
-from dualjax.sim.resources import Buffer, Lane, Node
+from collections import deque
+
+from dualjax.core.batching import fit_free, fit_memory, pack
+from dualjax.sim.resources import Buffer, Lane, Node, SimError
 
 
 class Row:
     """A request on a PE (a `batching.Work`): its storage read [t0, t1] once issued (t1: in the buffer
-    that feeds the pass, or in HBM for Basic), the path, and what it holds."""
+    that feeds the pass, or in HBM for Basic), the path, and what it holds. Basic: `admitted` (when) once
+    its DE buffer has room, `batched` while in a batch formed and not yet computed, `held` once it holds
+    its memory."""
 
-    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "hbm", "buf", "hbm_asked")
+    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "hbm", "buf", "admitted", "batched",
+                 "held")
 
     def __init__(self, rid: int, cached: int, remaining: int, path: str):
         self.rid, self.cached, self.remaining, self.path = rid, cached, remaining, path
-        self.t0 = self.t1 = None
-        self.started = False
+        self.t0 = self.t1 = self.admitted = None
+        self.started = self.batched = self.held = False
         self.hbm = self.buf = 0.0
-        self.hbm_asked = 0.0
 
 
 class PrefillEngine:
-    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "busy_s", "compute_s", "passes", "rows_run")
+    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "busy_s", "compute_s", "passes", "rows_run",
+                 "batches")
 
     def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, hbm: Buffer):
         self.rank, self.node, self.tx, self.rx, self.hbm, self.rows = rank, node, tx, rx, hbm, []
         self.group = None
         self.busy_s = self.compute_s = 0.0
         self.passes = self.rows_run = 0
+        self.batches: deque[list] = deque()  # Basic: batches formed, oldest (computing or next) first
 
 
 class PeGroup:
@@ -57,16 +71,27 @@ class PeGroup:
             pe.group = self
 
 
-def _ready(rows: list[Row], now: float, layerwise: bool):
-    """The rows a pass may take, in FIFO order: read (t1 <= now), and layerwise also the first row being
-    read (its layers arrive during the pass). Lazy: packing stops at the quota, long before a long queue's end."""
-    first = True
+def _ready(rows: list[Row], now: float, floor_bytes: float, budget: float):
+    """Layerwise: the rows a pass may take, in FIFO order: read (t1 <= now), and the first row being read
+    (its layers arrive during the pass). Lazy, and it stops once the rows' prefixes alone (`floor_bytes`
+    per cached token, a lower bound of what `fit_memory` counts) pass `budget`: what follows cannot fit."""
+    first, held = True, 0.0
     for r in rows:
         if r.t1 is None:
             continue
-        if r.t1 <= now or (first and layerwise):
+        if r.t1 <= now or first:
             yield r
+            held += r.cached * floor_bytes
+            if held > budget:
+                return
         first = False
+
+
+def _unbatched(rows: list[Row]):
+    """Basic: the placed rows whose DE buffer has room and that no batch holds, in FIFO order."""
+    for r in rows:
+        if r.admitted is not None and not r.batched:
+            yield r
 
 
 class PrefillSide:
@@ -76,14 +101,86 @@ class PrefillSide:
         if not pe.group.busy:
             self._start_group_pass(pe.group)
 
-    def _plan(self, pe: PrefillEngine) -> list:
-        """The rows (and tokens) of `pe`'s next pass: ready rows packed under the quota, then cut to HBM."""
-        plan = pack(_ready(pe.rows, self.now, self.layerwise), self.costs, self.cfg.compute_quota_ms / 1e3,
-                    self.cfg.prefill_chunk, padded=self.hw.padded)
-        if not self.layerwise:  # Basic rows already hold every layer of their KV in HBM
-            return plan
-        return fit_memory(plan, pe.hbm.budget, self.kvb, 2, self.model.n_layers)  # two layers in flight
+    def _quota(self) -> float | None:
+        """The compute quota per attention layer, s; None without intra-engine scheduling (naive)."""
+        return None if self.cfg.scheduler == "naive" else self.cfg.compute_quota_ms / 1e3
 
+    def _pack(self, rows) -> list:
+        return pack(rows, self.costs, self._quota(), self.cfg.prefill_chunk, padded=self.hw.padded,
+                    layers=self.model.n_layers)
+
+    def _plan(self, pe: PrefillEngine) -> list:
+        """The rows (and tokens) of `pe`'s next pass. Layerwise: ready rows packed under the quota, then cut
+        to HBM; Basic: its oldest batch once every row of it is in memory."""
+        if not self.layerwise:
+            if pe.batches and all(w.t1 is not None and w.t1 <= self.now for w, _ in pe.batches[0]):
+                return pe.batches[0]
+            return []
+        L, held = self.model.n_layers, self.cfg.layerwise_layers
+        rows = _ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget)
+        plan = fit_memory(self._pack(rows), pe.hbm.budget, self.kvb, held, L)
+        pe.hbm.peak = max(pe.hbm.peak, sum(w.cached + n for w, n in plan) * self.kvb * held / L)
+        return plan
+
+    # -- Basic: batches formed, then loaded ----------------------------------------------------------
+    def _form(self, pe: PrefillEngine) -> None:
+        """Basic: form and start loading batches while fewer than 1 + `basic_ahead` are formed and not yet
+        computed. A row new to memory needs every layer of its prompt KV in HBM (hbm: for as long as it is
+        in any batch formed; host: in the PE buffer, and in HBM only while its batch computes)."""
+        host = self.cfg.basic_lands == "host"
+        while len(pe.batches) < 1 + self.cfg.basic_ahead:
+            plan = self._pack(_unbatched(pe.rows))
+            if not plan:
+                return
+            need = self._need(pe, plan[0][0], host)
+            if host:
+                plan = fit_free(fit_free(plan, pe.hbm.budget, self._prompt_bytes), pe.node.buffer.free, need)
+            else:
+                plan = fit_free(plan, pe.hbm.free, need)
+            if not plan:
+                return  # the oldest row waits for memory a pass will release
+            pe.batches.append(plan)
+            if host:
+                pe.hbm.peak = max(pe.hbm.peak, sum(self._prompt_bytes(w) for w, _ in plan))
+            for w, _ in plan:
+                w.batched = True
+            for w, _ in plan:
+                if not w.held:  # new to memory: take it and load
+                    self._load(w, pe, host)
+            self.at(max(self.now, max(w.t1 for w, _ in plan)), self._poke, pe)  # loaded: it may compute
+
+    def _prompt_bytes(self, w: Row) -> float:
+        return (w.cached + w.remaining) * self.kvb
+
+    def _need(self, pe: PrefillEngine, first: Row, host: bool):
+        """The memory a Basic row new to it takes, bytes (0 once it holds it); a row larger than the whole
+        budget is an error, not a wait."""
+        if not first.held and self._prompt_bytes(first) > pe.hbm.budget:
+            raise SimError(f"a request needs {self._prompt_bytes(first) / 1e9:.2f} GB of device memory for its "
+                           f"prompt's KV, more than PE {pe.rank}'s {pe.hbm.budget / 1e9:.2f} GB")
+        if host:  # the hit KV read by the PE waits in its buffer; the DE path's waits in the DE buffer
+            return lambda w: 0.0 if w.held or w.path == "de" else w.cached * self.kvb
+        return lambda w: 0.0 if w.held else self._prompt_bytes(w)
+
+    def _load(self, w: Row, pe: PrefillEngine, host: bool) -> None:
+        """Take a Basic row's memory and start its load: the PE's storage read (hbm: on into HBM), or (DE
+        path, read into the DE buffer when placed) the relay into HBM once that read is done (host: the
+        relay waits for the pass)."""
+        w.held = True
+        self.cols["load_wait"][w.rid] = self.now - w.admitted
+        if not host:
+            w.hbm = self._prompt_bytes(w)
+            pe.hbm.take(w.hbm)
+        if w.path == "de":
+            if not host and w.cached:
+                w.t1 = self._to_gpu(w, pe, max(self.now, w.t1), w.cached * self.kvb)
+            return
+        if host:
+            w.buf = w.cached * self.kvb
+            pe.node.buffer.take(w.buf)
+        self._read(w, pe.node, pe, into_hbm=not host)
+
+    # -- passes ------------------------------------------------------------------------------------
     def _start_group_pass(self, g) -> None:
         assert not g.busy, "one pass at a time per PE group"
         plans = [(pe, kept) for pe in g.members if (kept := self._plan(pe))]
@@ -122,16 +219,21 @@ class PrefillSide:
             pe.tx.model_util = pe.rx.model_util = min(1.0, ep_s / max(dur, ep_s))
             dur = max(dur, ep_s)
         end, outputs = now + dur, []
+        if not self.layerwise:
+            if self.cfg.basic_lands == "host":  # the batch moves from the host buffers into HBM first
+                for w, _ in kept:
+                    if w.cached:
+                        end = max(end, self._to_gpu(w, pe, now, w.cached * self.kvb) + dur)
+            return end, outputs
         first = kept[0][0]
         if first.t1 > now:  # layerwise over a loading row: layer l runs once layer l has arrived
             end = max(end, first.t0 + (first.t1 - first.t0) / L + dur, first.t1 + dur / L)
-        if self.layerwise:
-            for w, n in kept:  # the prefix KV moves into HBM layer by layer while the pass computes
-                if w.cached:
-                    arrive = max(self._to_gpu(w, pe, now, w.cached * self.kvb), w.t1)
-                    end = max(end, arrive + dur / L)
-                if n == w.remaining:  # the last chunk: its KV streams out to the DE layer by layer
-                    outputs.append((w.rid, self._output(w, pe, now)))
+        for w, n in kept:  # the prefix KV moves into HBM layer by layer while the pass computes
+            if w.cached:
+                arrive = max(self._to_gpu(w, pe, now, w.cached * self.kvb), w.t1)
+                end = max(end, arrive + dur / L)
+            if n == w.remaining:  # the last chunk: its KV streams out to the DE layer by layer
+                outputs.append((w.rid, self._output(w, pe, now)))
         return end, outputs
 
     def _to_gpu(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
@@ -165,6 +267,9 @@ class PrefillSide:
             self._end_member_pass(pe, kept, streamed)
         for pe in g.members:
             pe.tx.model_util = pe.rx.model_util = 0.0
+        if not self.layerwise:  # memory was released: the next batches may form and load
+            for pe in g.members:
+                self._form(pe)
         g.busy = False  # only now: releasing memory above may issue reads that poke this group
         self._start_group_pass(g)
         if self.shared and not g.busy:
@@ -172,9 +277,12 @@ class PrefillSide:
 
     def _end_member_pass(self, pe: PrefillEngine, kept, streamed: dict) -> None:
         c = self.cols
+        if not self.layerwise:
+            pe.batches.popleft()
         for w, n in kept:
             w.cached += n
             w.remaining -= n
+            w.batched = False
             if w.remaining:
                 continue
             rid = w.rid

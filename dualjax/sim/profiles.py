@@ -4,8 +4,9 @@ Hardware (`Hardware`): g engines (GPUs) per node, each node's storage NIC, each 
 (KV gets what model traffic leaves), host DRAM bandwidth, PE/DE buffer budgets, device memory
 and decode limits. Profiles:
 
-* `paper-h800`: docs/paper.md §2/§8: 8 GPUs per node, 400 Gbps CNIC per GPU, one 400 Gbps storage NIC
-  per node, 500 GB/s host DRAM; compute from model FLOPs at a stated efficiency of H800 peak.
+* `paper-h800`: the paper's testbed (docs/paper.md §2, §12): 8 GPUs per node, 400 Gbps CNIC per GPU,
+  one 400 Gbps storage NIC and 80 GB PE/DE buffers per node; compute from model FLOPs at a fraction of
+  H800 peak. Three inputs are fitted by `dualjax sim fit` (`PAPER_FIT`); docs/simulator.md lists all.
 * `oracle`: the same GPUs with free storage and transfers (the paper's upper bound).
 * `local`: written by `dualjax calibrate` (measured prefill/decode timings, store read rate,
   in-process relay rate) for one engine per host, as the embedded runtime runs here.
@@ -42,6 +43,7 @@ class ModelCost:
     weight_bytes_per_gpu: float = 0.0  # weights every GPU holds (and a decode step reads): all but routed experts
     expert_weight_bytes: float = 0.0  # routed experts, split over an expert-parallel group
     ep_bytes_per_token: float = 0.0  # expert-parallel dispatch + combine bytes one token moves per forward
+    moe_layers: int = 0  # layers with routed experts (an expert-parallel all-to-all each)
 
     @property
     def cache_bytes_per_token(self) -> float:
@@ -89,7 +91,7 @@ def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
                          # EP per token and MoE layer: top-k experts x d_model, FP8 dispatch (1 B) + BF16
                          # combine (2 B) (DeepSeek-V3 report §3.4)
                          ep_bytes_per_token=(cfg.n_layers - cfg.first_k_dense_replace) * cfg.n_experts_per_tok
-                         * cfg.d_model * 3)
+                         * cfg.d_model * 3, moe_layers=cfg.n_layers - cfg.first_k_dense_replace)
     import models
     cfg = models.get_config(name)
     t = cost_terms(cfg)
@@ -103,7 +105,7 @@ class Hardware:
     gpus_per_node: int
     snic_bytes_per_s: float  # per node (all its storage NICs)
     cnic_bytes_per_s: float  # per GPU
-    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (docs/paper.md §5: low priority)
+    kv_share: float  # of a CNIC that KV traffic gets while model traffic runs (docs/paper.md §6: low priority)
     dram_bytes_per_s: float  # per node
     pe_buffer_bytes: float  # per node
     de_buffer_bytes: float
@@ -124,7 +126,10 @@ class Hardware:
     prefill_half_tokens: float = 0.0
     ep_gpus: int = 0  # most GPUs of one expert-parallel group (0: none; engines step alone)
     decode_step_overhead_s: float = 0.0  # per decode step: launch, sync, sampling, scheduling
-    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (docs/paper.md §5)
+    # (EP GPUs, dispatch us, combine us) of the low-latency all-to-all kernels a decode step uses: the
+    # latency floor of its expert-parallel communication (`Costs.ep_latency_s`); empty: none
+    ep_latency_us: tuple[tuple[int, float, float], ...] = ()
+    kv_priority: bool = True  # compute NICs give model (EP) traffic priority over KV (docs/paper.md §6)
     # Buffer -> GPU copies go through the compute NIC (a loopback, docs/paper.md §8); False: the embedded runtime,
     # where a host's model reads its buffer in place (`local`).
     loopbacks: bool = False
@@ -152,33 +157,72 @@ class Hardware:
         return math.isinf(self.snic_bytes_per_s)
 
     def with_snic(self, bytes_per_s: float | None) -> "Hardware":
-        return self if bytes_per_s is None else dataclasses.replace(self, snic_bytes_per_s=bytes_per_s)
+        """Storage reads delivered at `bytes_per_s` per node (`--snic-mbps`: the rate itself, as a real host's
+        cap is, so the profile's storage efficiency no longer applies); None: the profile's."""
+        if bytes_per_s is None:
+            return self
+        return dataclasses.replace(self, snic_bytes_per_s=bytes_per_s, snic_efficiency=1.0)
 
 
 H800_PEAK = 989e12  # dense BF16 FLOP/s
 
-PAPER_H800 = Hardware(
-    "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
-    dram_bytes_per_s=500 * GB, pe_buffer_bytes=256 * GB, de_buffer_bytes=256 * GB, hbm_bytes=80 * GB,
-    hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.45,
-    snic_efficiency=0.47, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005, loopbacks=True,
-    notes="docs/paper.md §2/§8 hardware. Calibrated: storage reads at 47% of the 50 GB/s line (23.5 GB/s per node, "
-          "the middle of the paper's Basic saturation, ~21-26 GB/s). Assumed (predictions rest on them): prefill "
-          "at 45% of H800 dense BF16 peak for large passes, half that at 256 new tokens per GPU (a saturating "
-          "curve: small passes are weight- and launch-bound); expert-parallel groups of up to 32 GPUs (4 "
-          "nodes; DeepSeek's prefill deployment uses EP32); decode step = max(HBM roofline, EP all-to-all "
-          "over the compute NIC, dual micro-batch overlap as in DeepSeek-V3) + 5 ms per step; 10 GB of HBM "
-          "per GPU kept for activations; model traffic has priority over KV on the compute NICs.")
+# DeepEP's low-latency kernels on H800 with CX7 400 Gb/s InfiniBand, 128 tokens per batch, 7,168 hidden,
+# top-8 experts, FP8 dispatch and BF16 combine: (EP GPUs, dispatch us, combine us), as published in
+# github.com/deepseek-ai/DeepEP docs/legacy.md ("Low-latency kernels with pure RDMA").
+DEEPEP_LOW_LATENCY_US = ((8, 77.0, 114.0), (16, 118.0, 195.0), (32, 155.0, 273.0), (64, 173.0, 314.0),
+                         (128, 192.0, 369.0), (256, 194.0, 360.0))
 
-ORACLE = dataclasses.replace(
-    PAPER_H800, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,
-    notes="paper-h800 with free storage reads and transfers: the upper bound of docs/paper.md §9")
+# The physical and stated inputs of `paper-h800`; the three inputs `FITTED` names come from
+# `dualjax sim fit` (`PAPER_FIT`); the values here are where a first fit starts.
+PAPER_H800_BASE = Hardware(
+    "paper-h800", gpus_per_node=8, snic_bytes_per_s=400e9 / 8, cnic_bytes_per_s=400e9 / 8, kv_share=0.99,
+    dram_bytes_per_s=500 * GB, pe_buffer_bytes=80 * GB, de_buffer_bytes=80 * GB, hbm_bytes=80 * GB,
+    hbm_bytes_per_s=3.35e12, hbm_reserve_bytes=10 * GB, flops_per_s=H800_PEAK, efficiency=0.45,
+    snic_efficiency=0.5, prefill_half_tokens=256, ep_gpus=32, decode_step_overhead_s=0.005, loopbacks=True,
+    ep_latency_us=DEEPEP_LOW_LATENCY_US,
+    notes="docs/simulator.md lists every input with its status and source. Stated: 8 GPUs and one 400 Gbps "
+          "storage NIC per node, a 400 Gbps compute NIC per GPU, 80 GB PE/DE buffers per node, 99 % of a "
+          "compute NIC to model traffic. Physical: H800 (80 GB HBM at 3.35 TB/s, 989 TF dense BF16), "
+          "DeepEP's low-latency all-to-all latencies. Fitted (`dualjax sim fit`): storage efficiency, prefill "
+          "efficiency, prefill_half_tokens. Assumed: 500 GB/s host DRAM, 10 GB of HBM per GPU for "
+          "activations, expert-parallel groups of up to 32 GPUs, 5 ms of overhead per decode step.")
+
+FITTED = ("snic_efficiency", "efficiency", "prefill_half_tokens")
+PAPER_FIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_h800_fit.json")
+
+
+def read_fit(path: str) -> dict:
+    """A fit file (`dualjax sim fit`): {"profile", "fitted": {input: value}, how it was fitted...}."""
+    with open(path) as f:
+        d = json.load(f)
+    if not isinstance(d, dict) or set(d.get("fitted", ())) != set(FITTED):
+        raise ProfileError(f"{path} is not a fit `dualjax sim fit` writes (its 'fitted' must hold {', '.join(FITTED)})")
+    return d
+
+
+def fitted(base: Hardware, fit: dict) -> Hardware:
+    """`base` with a fit's values (and where they came from in its notes)."""
+    values = fit["fitted"]
+    how = ", ".join(f"{k} = {values[k]:.4g}" for k in FITTED)
+    return dataclasses.replace(base, **values, notes=f"{base.notes} Fit: {how} ({fit.get('command', '')}).")
+
+
+def oracle_of(hw: Hardware) -> Hardware:
+    """`hw` with free storage reads and transfers: the paper's upper bound (docs/paper.md §10)."""
+    return dataclasses.replace(
+        hw, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,
+        notes=f"{hw.name} with free storage reads and transfers: the upper bound of docs/paper.md §10")
+
+
+PAPER_H800 = fitted(PAPER_H800_BASE, read_fit(PAPER_FIT)) if os.path.exists(PAPER_FIT) else PAPER_H800_BASE
+ORACLE = oracle_of(PAPER_H800)
 
 DEFAULT_LOCAL = os.path.join("runs", "calibrate", "local.json")
 
 
 def get_hardware(name: str) -> Hardware:
-    """`paper-h800`, `oracle`, `local` (the profile `dualjax calibrate` wrote) or a profile JSON path."""
+    """`paper-h800`, `oracle`, `local` (the profile `dualjax calibrate` wrote), a profile JSON path, or a fit
+    file of `dualjax sim fit` (paper-h800 with its values)."""
     if name == "paper-h800":
         return PAPER_H800
     if name == "oracle":
@@ -191,6 +235,8 @@ def get_hardware(name: str) -> Hardware:
     try:
         with open(path) as f:
             d = json.load(f)
+        if isinstance(d, dict) and "fitted" in d:
+            return fitted(PAPER_H800_BASE, read_fit(path))
         for k in ("prefill_fit", "decode_fit"):
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
@@ -198,8 +244,9 @@ def get_hardware(name: str) -> Hardware:
             if isinstance(d.get(k), (int, float)):
                 d[k] = (d[k],)
             d[k] = tuple(d.get(k) or ())
-        if d.get("pass_table") is not None:
-            d["pass_table"] = tuple(tuple(row) for row in d["pass_table"])
+        for k in ("pass_table", "ep_latency_us"):
+            if d.get(k) is not None:
+                d[k] = tuple(tuple(row) for row in d[k])
         return Hardware(**d)
     except OSError as e:
         raise ProfileError(f"hardware profile {path}: {e.strerror}") from None

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from collections import deque
 
+import numpy as np
+
 from dualjax.core.batching import AttentionFit
 from dualjax.sim.profiles import Hardware, ModelCost
 from models.buckets import DEFAULT_BUCKETS
@@ -78,7 +80,7 @@ class Lane:
     """One direction of a compute NIC (tx: out of memory, rx: into memory; a loopback uses both).
 
     Model traffic (EP dispatch/combine) is a utilisation the owning engine sets for the duration
-    of a pass or a decode step. With priority (docs/paper.md §5) a KV transfer gets the rest of the line,
+    of a pass or a decode step. With priority (docs/paper.md §6) a KV transfer gets the rest of the line,
     at least `1 - share` of it (model traffic gets `share` under contention); without, model and
     KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
     force when it is queued (a fluid approximation: later changes of the model load do not
@@ -120,6 +122,15 @@ class Buffer:
 
     def __init__(self, name: str, budget: float):
         self.name, self.budget, self.used, self.peak, self.waiting = name, budget, 0.0, 0.0, deque()
+
+    @property
+    def free(self) -> float:
+        return self.budget - self.used
+
+    def take(self, nbytes: float) -> None:
+        """Take `nbytes` that the caller has checked fit (no wait)."""
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
 
     def reserve(self, nbytes: float, then) -> None:
         if nbytes > self.budget:
@@ -253,6 +264,17 @@ class Costs:
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
         """A step: compute overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
         return max(self.decode_compute_s(batch, context), ep_s) + self.hw.decode_step_overhead_s
+
+    def ep_latency_s(self, ep_gpus: int) -> float:
+        """The least a decode step's expert-parallel all-to-all takes over `ep_gpus` GPUs: one dispatch and one
+        combine per MoE layer at the latency of the profile's low-latency kernels (`Hardware.ep_latency_us`,
+        linear in log2 of the EP size between its points, the nearest point outside them). The two
+        micro-batches' all-to-alls overlap each other's compute, so a step waits for one of each per layer."""
+        table = self.hw.ep_latency_us
+        if not table or ep_gpus <= 1 or not self.model.moe_layers:
+            return 0.0
+        pts = sorted((math.log2(ep), d + c) for ep, d, c in table)
+        return self.model.moe_layers * float(np.interp(math.log2(ep_gpus), *zip(*pts))) * 1e-6
 
     def _kv_hbm(self, ep: int) -> float:
         return self.hw.hbm_bytes - self.model.weights_per_gpu(ep) - self.hw.hbm_reserve_bytes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -15,57 +16,94 @@ from dualjax.sim.profiles import Hardware
 from dualjax.sim.resources import Costs, SimError
 from models.buckets import DEFAULT_BUCKETS
 
-
-def within_slo(report: dict, attainment: float) -> bool:
-    return report["slo"]["attained"] >= attainment
+WINDOW_S = 150.0  # docs/paper.md §9, §12: online runs stop once TTFT over a 150-s window ...
+LOOKBACK_S = 1800.0  # ... is within 5 % of its value 30 minutes earlier
+TOLERANCE = 0.05
+WINDOWS = 24  # windows checked after the first (an hour) before a trial counts as never stationary: the
+# ramp-up under load lasts a loaded agent lifetime, longer than the idle one, and the window 30 minutes
+# earlier must be past it too
+DRAIN_S = 600.0  # simulated past a window before it is checked, so that its requests have their tokens
 
 
 def agent_lifetime(cfg: SimConfig, policy=None, hardware=None, agents: int = 8) -> float:
     """Mean seconds from an agent's start to its last token with the cluster nearly idle (a few agents
-    offline): how long the ramp-up of an online run lasts before its population is steady."""
+    offline): the ramp-up of an online run lasts at least this long, so no window before it is checked."""
     sim = build(dataclasses.replace(cfg, aps=None, agents=agents), policy, hardware, progress=False).run()
     c = sim.columns()
     return float(np.mean([c["done"][c["agent"] == a].max() for a in range(agents)]))
 
 
-def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardware=None,
-                 spans: float = 5.0, warmup: float = 2.0) -> dict:
-    """One online run at `aps` whose arrivals last `spans` agent lifetimes, scored over the steady-state
-    window only: requests arriving after `warmup` lifetimes (the ramp-up: an agent's reads grow with its
-    context, so the mix of ages settles only after a lifetime, longer under load) and before the last
-    agent arrives (then the population drains). Returns attainment, TTFT/TPOT percentiles, window_s."""
-    agents = max(16, int(np.ceil(aps * spans * lifetime)))
-    sim = build(dataclasses.replace(cfg, aps=aps, agents=agents), policy, hardware, progress=False).run()
-    c = sim.columns()
-    t0, t1 = warmup * lifetime, float(sim.starts[-1])
-    w = (c["arrival"] >= t0) & (c["arrival"] <= t1)
+def window_ttft(arrival: np.ndarray, ttft: np.ndarray, end: float) -> float:
+    """Mean TTFT of the requests arriving in (end - WINDOW_S, end]; infinite when one has no first token
+    yet (the window is overloaded), NaN when none arrived."""
+    v = ttft[(arrival > end - WINDOW_S) & (arrival <= end)]
+    if not v.size:
+        return math.nan
+    return math.inf if np.isnan(v).any() else float(v.mean())
+
+
+def stationary_window(arrival: np.ndarray, ttft: np.ndarray, first: float, last: float) -> list[float] | None:
+    """The paper's steady state (docs/paper.md §9): the first 150-s window of arrivals, ending from `first`
+    to `last` on multiples of 150 s, whose mean TTFT is within 5 % of the window's 30 minutes earlier;
+    None if there is none (the load never settles: TTFT keeps growing)."""
+    end = first
+    while end <= last + 1e-9:
+        now, before = window_ttft(arrival, ttft, end), window_ttft(arrival, ttft, end - LOOKBACK_S)
+        if math.isfinite(now) and math.isfinite(before) and abs(now - before) <= TOLERANCE * before:
+            return [end - WINDOW_S, end]
+        end += WINDOW_S
+    return None
+
+
+def steady_state(cfg: SimConfig, aps: float, lifetime: float, policy=None, hardware=None) -> dict:
+    """One online run at `aps` agents/s, stopped at the paper's steady state (`stationary_window`): from the
+    later of 30 minutes + one window and one idle agent lifetime on, each window is checked once simulated
+    `DRAIN_S` past it, for up to `WINDOWS` more windows. Returns the window scored (the steady one; if none,
+    `stationary` False and the last window checked: over capacity, never within SLO), SLO attainment over
+    its requests (one without a first token misses it) and their TTFT / TTST / TPOT."""
+    first = WINDOW_S * math.ceil(max(LOOKBACK_S + WINDOW_S, lifetime) / WINDOW_S)
+    horizon = first + WINDOWS * WINDOW_S
+    agents = int(math.ceil(aps * horizon * 1.1)) + 16  # Poisson arrivals past the horizon
+    sim = build(dataclasses.replace(cfg, aps=aps, agents=agents), policy, hardware, progress=False)
+    window, end = None, first
+    while window is None and end <= horizon:
+        c = sim.run(until=end + DRAIN_S).columns()
+        window = stationary_window(c["arrival"], c["ttft"], end, end)
+        end += WINDOW_S
+    scored = window or [end - 2 * WINDOW_S, end - WINDOW_S]
+    w = (c["arrival"] > scored[0]) & (c["arrival"] <= scored[1])
     ttft, tpot = c["ttft"][w], c["tpot"][w]
     slo_ttft, slo_tpot = slo_for(cfg.workload)
-    ok = (ttft <= slo_ttft) & (np.isnan(tpot) | (tpot <= slo_tpot))
-    pct = (lambda v, q: float(np.nanpercentile(v, q)) if np.isfinite(v).any() else None)  # noqa: E731
-    return {"aps": aps, "agents": agents, "window_s": [t0, t1], "requests": int(w.sum()),
-            "attained": float(ok.mean()) if w.any() else 0.0,
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_s": pct(tpot, 50),
-            "tpot_p99_s": pct(tpot, 99)}
+    ok = (ttft <= slo_ttft) & (np.isnan(tpot) | (tpot <= slo_tpot)) & ~np.isnan(ttft)
+    stats = (lambda v: {"mean": float(np.nanmean(v)), "p50": float(np.nanpercentile(v, 50)),  # noqa: E731
+                        "p99": float(np.nanpercentile(v, 99))} if np.isfinite(v).any() else None)
+    return {"aps": aps, "agents": agents, "window_s": scored, "stationary": window is not None,
+            "requests": int(w.sum()), "attained": float(ok.mean()) if w.any() else 0.0, "ttft_s": stats(ttft),
+            "ttst_s": stats(c["ttst"][w]), "tpot_s": stats(tpot)}
 
 
 def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.0, steps: int = 6,
-                  policy=None, log=print, hardware=None, spans: float = 5.0) -> dict:
-    """The highest APS (Poisson agent arrivals per second) at which at least `attainment` of the steady-state
-    window's requests meet the workload's SLO (TTFT and TPOT, docs/paper.md §9): each trial an online run whose
-    arrivals last `spans` agent lifetimes, scored from the third lifetime on (`steady_state`);
-    doubling/halving to bracket the capacity, then `steps` bisections. Returns {"capacity_aps", "window_s"
-    (the window scored at the capacity), "lifetime_s", "attainment", "trials": [...], "bracketed"}."""
+                  policy=None, log=print, hardware=None) -> dict:
+    """The highest APS (Poisson agent arrivals per second) at which the run reaches the paper's steady state
+    and at least `attainment` of that window's requests meet the workload's SLO (TTFT and TPOT,
+    docs/paper.md §9): doubling/halving to bracket it, then `steps` bisections (`steady_state` each).
+    Returns {"capacity_aps", "window_s" (the window scored at the capacity), "lifetime_s", "attainment",
+    "trials": [...], "bracketed"}."""
     trials = []
     lifetime = agent_lifetime(cfg, policy, hardware)
 
     def ok(aps: float) -> bool:
-        t = steady_state(cfg, aps, lifetime, policy, hardware, spans)
+        t = steady_state(cfg, aps, lifetime, policy, hardware)
         trials.append(t)
-        log(f"  aps {aps:8.3f}: {t['agents']} agents, window {t['window_s'][0]:.0f}-{t['window_s'][1]:.0f} s: "
-            f"SLO attained by {t['attained']:.1%} (TTFT p99 {t['ttft_p99_s'] or 0:.2f} s, "
-            f"TPOT p99 {(t['tpot_p99_s'] or 0) * 1e3:.1f} ms)")
-        return t["attained"] >= attainment
+        if not t["stationary"]:
+            log(f"  aps {aps:8.3f}: {t['agents']} agents: TTFT never steady (within {TOLERANCE:.0%} of its value "
+                f"{LOOKBACK_S / 60:.0f} minutes earlier) up to {t['window_s'][1]:.0f} s: over capacity")
+        else:
+            w = t["window_s"]
+            log(f"  aps {aps:8.3f}: {t['agents']} agents, steady window {w[0]:.0f}-{w[1]:.0f} s: "
+                f"SLO attained by {t['attained']:.1%} (TTFT p99 {t['ttft_s']['p99']:.2f} s, "
+                f"TPOT p99 {t['tpot_s']['p99'] * 1e3:.1f} ms)")
+        return t["stationary"] and t["attained"] >= attainment
 
     lo, hi = 0.0, start_aps
     for _ in range(16):  # bracket: lo passes (or is 0), hi fails

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from dualjax.bench.e2e import _cost, _fit_wall, _grow_to, _planned, pass_shapes
+from dualjax.bench.e2e import Run, _cost, _fit_wall, _grow_to, _name, _planned, pass_shapes
 from dualjax.cli.validate import _probe_of, _speed_ratio
 from dualjax.sim.profiles import get_hardware
 
@@ -22,17 +22,24 @@ def test_the_size_grows_only_as_far_as_the_bound_allows():
 
 def test_essential_runs_shrink_the_agents_and_the_rest_are_left_out():
     planned, essential = _planned(quick=False, hbm_only=False)
-    assert essential == 7 and len(planned) == 14
-    # storage factor 6: 1p1d basic 6, dualpath 3, 1p2d basic 6, dualpath 2, memory budget basic 7, pe-only 6,
-    # dualpath 3: 33 control JCTs
-    assert sum(_cost(r, 6.0) for r in planned[:essential]) == pytest.approx(33.0)
-    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=33 * 10 + 7 * 5 + 100, agents=4)
+    assert essential == 8 and len(planned) == 15
+    # storage factor 6: 1p1d basic 6 + 1 (it loads, then computes), dualpath 3, 1p2d basic 7, dualpath 2, memory
+    # budget basic 7, pe-only 6, dualpath 3, 1p1d basic one batch ahead 6 (its compute overlaps): 41 control JCTs
+    assert sum(_cost(r, 6.0) for r in planned[:essential]) == pytest.approx(41.0)
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=41 * 10 + 8 * 5 + 100, agents=4)
     assert agents == 4 and kept[:essential] == planned[:essential] and len(kept) + len(left) == len(planned)
-    # 365 s spent, then each while it fits: 2p1d basic (3 x 10 + 5) and dualpath (25), not 1p1d / 1p2d pe-only
-    # (65 each), 2p1d pe-only (35: 460 s), not 2p2d (20 each)
-    assert kept[essential:] == [("2p1d", "basic", False), ("2p1d", "dualpath", False), ("2p1d", "pe-only", False)]
-    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(33 * 10 + 10) / 2 + 8 * 5, agents=4)
+    # 450 s spent, then each while it fits 550 s: 2p1d basic (4 x 10 + 5) and dualpath (25: 520 s), not the
+    # pe-only runs (65, 65, 35), 2p2d dualpath (20: 540 s), not 2p2d round-robin (20)
+    assert kept[essential:] == [Run("2p1d", "basic"), Run("2p1d", "dualpath"), Run("2p2d", "dualpath")]
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(41 * 10 + 10) / 2 + 9 * 5, agents=4)
     assert agents == 2 and kept == planned[:essential] and left == planned[essential:]
+
+
+def test_the_hbm_set_is_the_memory_budget_runs_and_basic_both_ways():
+    planned, essential = _planned(quick=False, hbm_only=True)
+    assert planned == [Run("1p1d", "basic", True), Run("1p1d", "pe-only", True), Run("1p1d", "dualpath", True),
+                       Run("1p1d", "basic"), Run("1p1d", "basic", ahead=1)] and essential == 5
+    assert [_name(r) for r in planned[-2:]] == ["1p1d-basic", "1p1d-basic-ahead1"]
 
 
 def test_pass_shapes_sum_over_the_prefill_hosts_most_frequent_first():

@@ -96,14 +96,14 @@ def test_a_split_the_planner_says_memory_breaks_is_memory_bound_in_the_simulator
 
 
 def test_plan_sweep_judges_splits_by_the_simulated_clusters_window(tmp_path):
-    # --snic-mbps 10000 (per node, as the simulator takes it) at paper-h800's 0.47 efficiency: s = 80 * 0.47 / 400
-    # = 47/500 of a CNIC, so the lower bound is s/(8 - s) = 47/3953; 24 agents fit 2 decode nodes but not 1,
-    # so DE memory allows 3/2 (3p2d), far below the bandwidth's (8 - s)/(2s) = 3953/94.
+    # --snic-mbps 10000 (per node, the rate delivered, as the simulator takes it): s = 80 / 400 = 1/5 of a CNIC,
+    # so the lower bound is s/(8 - s) = 1/39; 24 agents fit 2 decode nodes but not 1, so DE memory allows 3/2
+    # (3p2d), far below the bandwidth's (8 - s)/(2s) = 39/2.
     out = tmp_path / "plan.json"
     assert cli.main(["plan", "--sweep", "--nodes", "5", "--workload", "paper-32k", "--agents", "24", "--turns", "2",
                      "--snic-mbps", "10000", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     w = r["simulated_window"]
-    assert (w["min_p_over_d_fraction"], w["max_p_over_d_fraction"], w["binding"]) == ("47/3953", "3/2", ["DE memory"])
-    assert w["upper"]["DE CNIC writes"] == pytest.approx(3953 / 94) and r["max_p_over_d_fraction"] == "7/2"
+    assert (w["min_p_over_d_fraction"], w["max_p_over_d_fraction"], w["binding"]) == ("1/39", "3/2", ["DE memory"])
+    assert w["upper"]["DE CNIC writes"] == pytest.approx(39 / 2) and r["max_p_over_d_fraction"] == "7/2"
     assert {row["cluster"]: row["planner_violated"] for row in r["sweep"]}["4p1d"][0] == "DE memory"

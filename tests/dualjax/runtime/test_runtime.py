@@ -85,7 +85,7 @@ def test_one_row_per_request(tmp_path):
     assert [len(g) for g in t["generated"]] == t["gen_len"].tolist() and (t["hit_tokens"] <= t["prompt_tokens"]).all()
     assert (0 <= t["arrival"]).all() and (t["arrival"] <= t["first_token"]).all()
     assert (t["first_token"] <= t["done"]).all()
-    assert np.isnan(t["hbm_wait"]).all() and (t["stored"] >= t["done"]).all()  # a simulator-only column is null
+    assert np.isnan(t["load_wait"]).all() and (t["stored"] >= t["done"]).all()  # a simulator-only column is null
 
 
 @pytest.mark.parametrize("policy", ["pe-only", "de-only"])
