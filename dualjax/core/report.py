@@ -87,7 +87,7 @@ def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = T
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-SCHEMA_VERSION = 1  # of report.json and the request table (docs/report.md); a change of either bumps it
+SCHEMA_VERSION = 2  # of report.json and the request table (docs/report.md); a change of either bumps it
 
 # The request table (requests.parquet, docs/report.md): name -> (kind, unit, meaning). Real and simulated runs
 # write every column; one a source does not measure is null there.
@@ -97,8 +97,13 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
     "turn": ("int", "", "turn of the agent, from 0"),
     "prompt_tokens": ("int", "tokens", "prompt length"),
     "hit_tokens": ("int", "tokens", "prompt tokens whose KV was read from storage (whole blocks)"),
+    "de_tokens": ("int", "tokens", "of hit_tokens, those the decode host read and relayed (the rest the prefill "
+                  "host read)"),
+    "recomputed_tokens": ("int", "tokens", "prompt tokens whose KV was in the store but which the request's plan "
+                          "recomputed instead of loading (whole blocks, the tail of the stored prefix)"),
     "gen_len": ("int", "tokens", "tokens the request generates"),
-    "path": ("str", "", "read path of the hit KV: pe, de, or none (a run without a store)"),
+    "path": ("str", "", "read path of the hit KV: pe, de, split (both sides read a share), or none (a run without "
+             "a store)"),
     "pe": ("int", "rank", "prefill engine"),
     "de": ("int", "rank", "decode engine"),
     "restarts": ("int", "", "times the prefill restarted with fewer hit blocks (bad blocks found mid-read)"),
@@ -116,7 +121,7 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
                   "(its batch formed, with memory); null in real runs and layerwise prefill"),
     "generated": ("ids", "token ids", "real runs: the generated token ids; null when simulated"),
 }
-PATHS = ("pe", "de", "none")
+PATHS = ("pe", "de", "split", "none")
 
 
 def columns(records: list[dict]) -> dict[str, np.ndarray]:
