@@ -160,7 +160,8 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
     """report.json's run metrics (docs/report.md) from the request table's columns and per-host stats;
     `build_report` adds the rest."""
     jct = float(cols["done"].max() - cols["arrival"].min())
-    gen, prompt, hit = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens"))
+    gen, prompt, hit, de, recomputed = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens",
+                                                                       "de_tokens", "recomputed_tokens"))
     tpot = cols["tpot"]
     per_host = []
     for h in hosts:
@@ -173,7 +174,7 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
         "config": settings_json(cfg)[0],
         "policy": policy, "requests": len(cols["done"]), "jct_s": jct, "generated_tokens": int(gen),
         "tokens_per_s": gen / jct if jct else None, "prompt_tokens": int(prompt), "hit_tokens": int(hit),
-        "hit_rate": hit / prompt if prompt else 0.0,
+        "hit_rate": hit / prompt if prompt else 0.0, "de_tokens": int(de), "recomputed_tokens": int(recomputed),
         "ttft_s": _stats(cols["ttft"]), "ttst_s": _stats(cols["ttst"]), "tpot_s": _stats(tpot),
         "slo": {"ttft_s": slo[0], "tpot_s": slo[1], "attained": float(np.mean(
             (cols["ttft"] <= slo[0]) & (np.isnan(tpot) | (tpot <= slo[1]))))},
