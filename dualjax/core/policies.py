@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import numbers
 
 from dualjax.core.streams import stream
@@ -157,7 +158,9 @@ class DualPathSplit(Policy):
 
     def path(self, request, pe, de) -> Plan:
         hit = request.hit_tokens
-        rp, rd = pe.read_tokens_per_s or 1.0, de.read_tokens_per_s or 1.0  # unknown rates: equal
+        rp, rd = pe.read_tokens_per_s, de.read_tokens_per_s
+        if not (rp and rd and math.isfinite(rp) and math.isfinite(rd)):  # unknown or unlimited rates: equal
+            rp = rd = 1.0
         x = (rd * (pe.read_q_tokens + hit) - rp * de.read_q_tokens) / (rp + rd)
         return Plan(de_tokens=min(hit, max(0, _blocks(x, request.block_tokens))))
 

@@ -1,6 +1,8 @@
 """Plans per request (docs/policies.md): validation, the scheduler's bookkeeping of each side's share and
 of recomputed tokens, and the two built-in rules against their definitions. No MPI, no JAX."""
 
+import math
+
 import pytest
 
 from dualjax.core.policies import DualPathRecompute, DualPathSplit, Plan, Policy, recompute_tail
@@ -82,6 +84,13 @@ def test_split_ends_both_queues_together_to_the_block(pe_q, de_q, rp, rd):
     ends = lambda x: ((pe_q + r.hit_tokens - x) / rp, (de_q + x) / rd)  # noqa: E731
     best = min(range(0, r.hit_tokens + 1, T), key=lambda x: max(ends(x)))  # every boundary, by brute force
     assert plan.recompute_tokens == 0 and max(ends(plan.de_tokens)) <= max(ends(best)) + T / min(rp, rd) / 2
+
+
+@pytest.mark.parametrize("rate", [None, math.inf])
+def test_split_without_finite_rates_weighs_both_sides_alike(rate):
+    r = req(hit=40 * T, prompt=41 * T)
+    plan = DualPathSplit().path(r, engine("prefill", 6 * T, rate), engine("decode", 0, rate))
+    assert (plan.pe_tokens(r), plan.de_tokens) == (17 * T, 23 * T)  # 6 + 17 = 23 blocks queued on each side
 
 
 def linear_fit(cached, new):
