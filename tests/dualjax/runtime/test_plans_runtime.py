@@ -3,6 +3,8 @@ tail of them is recomputed, layerwise or Basic, embedded or under mpiexec, for b
 and DeepSeek's MLA), the generated tokens equal those of a reference that keeps no store; the DE writes
 back only blocks the store lacks."""
 
+import glob
+import os
 import subprocess
 import sys
 
@@ -13,6 +15,7 @@ from dualjax.cli.verify import plans_of, tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.policies import Plan, Policy
 from dualjax.runtime.launch import run_embedded
+from tests.dualjax.runtime.test_faults import _flip
 from tests.dualjax.runtime.test_runtime import REPO
 
 # one agent, three turns: turn 1 has 2 hit blocks, turn 2 has 3 (agentic-tiny, 64-token blocks)
@@ -89,6 +92,18 @@ def test_write_back_skips_the_blocks_the_store_holds(tmp_path, model, reference,
     pe_only, _ = _run(tmp_path, "pe", Every(), model)
     written = lambda r: sum(h["bytes_written"] for h in r["hosts"])  # noqa: E731
     assert written(report) == written(pe_only) > 0 and report["store"]["blocks_read"] == 0
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_bad_blocks_in_a_split_restart_to_the_reference_tokens(tmp_path, model, reference, layerwise):
+    """Corrupt blocks in either side's share: the prefill restarts with the good leading blocks."""
+    store = str(tmp_path / "store")
+    _run(tmp_path, "fill", Every(), model, store=store)
+    for f in glob.glob(os.path.join(store, "data", "*")):
+        if not f.endswith("zarr.json"):
+            _flip(f)
+    report, tokens = _run(tmp_path, "split", Every(de=1, tail=1), model, store=store, layerwise=layerwise)
+    assert tokens == reference and report["restarts"] > 0 and report["store"]["bad_blocks"] > 0
 
 
 @pytest.mark.slow
