@@ -166,13 +166,16 @@ class DualPathSplit(Policy):
 
 
 def recompute_tail(request, pe, reader) -> int:
-    """Hit tokens (a whole-block tail) to recompute rather than load, when `reader` reads the rest: the r
-    that ends the request soonest, its end taken as the later of loading the rest, (q + H - r) / R
-    behind `reader`'s queue (nothing to wait for when r = H), and computing it, the PE's queued tokens
-    at its prefill rate then one pass over (H - r cached, miss + r new) by its packing fit. Loading falls
-    and computing grows with r, so the candidates are where they cross (bisection) and r = H. 0 when a
-    view lacks a rate or a fit."""
-    hit, T = request.hit_tokens, request.block_tokens
+    """Hit tokens (a whole-block tail) to recompute rather than load, when `reader` reads the rest.
+
+    The tail r that ends the request soonest, its end taken as the later of loading the rest,
+    (q + H - r) / R behind `reader`'s queue (nothing to wait for when r = H), and computing it, the PE's
+    queued tokens at its prefill rate then one pass over (H - r cached, miss + r new) by its packing fit;
+    but none when that tail costs the PE more time than it saves the storage NIC (fit(H - r, miss + r) -
+    fit(H, miss) > r / R: it would speed this request at the others' expense). Loading falls and
+    computing grows with r, so the candidates are where they cross (bisection) and r = H. 0 when a view
+    lacks a rate or a fit."""
+    hit, T, miss = request.hit_tokens, request.block_tokens, request.miss_tokens
     R, rate, fit = reader.read_tokens_per_s, pe.prefill_tokens_per_s, pe.prefill_s
     if not hit or not R or not rate or fit is None:
         return 0
@@ -180,10 +183,10 @@ def recompute_tail(request, pe, reader) -> int:
 
     def end(r: int) -> float:
         load = (reader.read_q_tokens + hit - r) / R if r < hit else 0.0
-        return max(load, busy + fit(hit - r, request.miss_tokens + r))
+        return max(load, busy + fit(hit - r, miss + r))
 
     def load_later(b: int) -> bool:
-        return (reader.read_q_tokens + hit - b * T) / R > busy + fit(hit - b * T, request.miss_tokens + b * T)
+        return (reader.read_q_tokens + hit - b * T) / R > busy + fit(hit - b * T, miss + b * T)
 
     if not load_later(0):
         return 0
@@ -191,12 +194,13 @@ def recompute_tail(request, pe, reader) -> int:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if load_later(mid) else (lo, mid)
-    return min((0, lo * T, hi * T, hit), key=lambda r: (end(r), r))
+    r = min((0, lo * T, hi * T, hit), key=lambda r: (end(r), r))
+    return r if fit(hit - r, miss + r) - fit(hit, miss) <= r / R else 0
 
 
 class DualPathRecompute(DualPath):
     """DualPath's side, then the tail of the hit prefix recomputed where that ends the request sooner
-    than loading it (`recompute_tail`: loading finishes later than computing)."""
+    than loading it and costs the PE no more time than it saves the storage NIC (`recompute_tail`)."""
     name = "dualpath-recompute"
 
     def path(self, request, pe, de):

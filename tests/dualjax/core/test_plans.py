@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from dualjax.core.batching import AttentionFit
 from dualjax.core.policies import DualPathRecompute, DualPathSplit, Plan, Policy, recompute_tail
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 
@@ -93,26 +94,40 @@ def test_split_without_finite_rates_weighs_both_sides_alike(rate):
     assert (plan.pe_tokens(r), plan.de_tokens) == (17 * T, 23 * T)  # 6 + 17 = 23 blocks queued on each side
 
 
-def linear_fit(cached, new):
-    return 1e-5 * cached + 4e-3 * new  # 250 new tokens/s, a quarter of the read rate
+FITS = {  # seconds of a one-row pass (cached, new); reads: 1,000 tokens/s
+    "cheap": AttentionFit(0.0, 5e-4, 1e-3).predict,  # 2,000 new tokens/s: recomputing is cheaper than loading
+    "dear": AttentionFit(0.0, 4e-3, 1e-3).predict,  # 250 new tokens/s: it never is
+    "attention": AttentionFit(2e-7, 7e-4, 1e-3).predict,  # attention over the prefix: a part costs more than all
+}
 
 
-# recomputed: some, all (a long queue), some (a busy PE), none (only the queue-free PE busy), some
+# per fit: no queue, a long queue, a busy PE, only the PE busy, a short queue
+@pytest.mark.parametrize("fit", sorted(FITS))
 @pytest.mark.parametrize("q,busy_tokens", [(0, 0), (20_000, 0), (20_000, 30_000), (0, 30_000), (5_000, 2_000)])
-def test_recompute_tail_ends_the_request_soonest(q, busy_tokens):
-    r = req(hit=40 * T, prompt=41 * T)
-    pe, reader = engine("prefill", 0, tokens=busy_tokens, fit=linear_fit), engine("decode", q)
+def test_recompute_tail_ends_the_request_soonest_unless_it_costs_more(fit, q, busy_tokens):
+    r, f = req(hit=40 * T, prompt=41 * T), FITS[fit]
+    pe, reader = engine("prefill", 0, tokens=busy_tokens, fit=f), engine("decode", q)
 
     def end(x):  # the rule's definition: the later of loading the rest behind the queue and computing it
         load = (q + r.hit_tokens - x) / 1000.0 if x < r.hit_tokens else 0.0
-        return max(load, busy_tokens / 2000.0 + linear_fit(r.hit_tokens - x, r.miss_tokens + x))
-    got = recompute_tail(r, pe, reader)
-    assert got % T == 0 and end(got) == pytest.approx(min(end(x) for x in range(0, r.hit_tokens + 1, T)))
+        return max(load, busy_tokens / 2000.0 + f(r.hit_tokens - x, r.miss_tokens + x))
+    best = min(range(0, r.hit_tokens + 1, T), key=lambda x: (round(end(x), 9), x))  # by brute force
+    dear = f(r.hit_tokens - best, r.miss_tokens + best) - f(r.hit_tokens, r.miss_tokens) > best / 1000.0
+    assert recompute_tail(r, pe, reader) == (0 if dear else best)
+
+
+def test_recompute_tail_cases_cover_none_some_all_and_the_cost_bound():
+    r = req(hit=40 * T, prompt=41 * T)
+    got = {(fit, q): recompute_tail(r, engine("prefill", 0, fit=FITS[fit]), engine("decode", q)) // T
+           for fit in FITS for q in (0, 20_000)}
+    # some, all; none (dear); none (the soonest tail, 19 blocks, costs more than it saves), all
+    assert got == {("cheap", 0): 26, ("cheap", 20_000): 40, ("dear", 0): 0, ("dear", 20_000): 0,
+                   ("attention", 0): 0, ("attention", 20_000): 40}
 
 
 def test_recompute_keeps_dualpaths_side_and_needs_a_fit():
     r = req(hit=40 * T, prompt=41 * T)
-    pe, de = engine("prefill", 50_000, fit=linear_fit), engine("decode", 20_000)
+    pe, de = engine("prefill", 50_000, fit=FITS["cheap"]), engine("decode", 20_000)
     plan = DualPathRecompute().path(r, pe, de)  # the DE's queue is shorter: it reads what is loaded
     assert plan.recompute_tokens > 0 and plan.de_tokens == plan.loaded(r)
     assert DualPathRecompute().path(r, engine("prefill", 50_000), de) == "de"  # no fit: DualPath's choice
