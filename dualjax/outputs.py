@@ -30,15 +30,24 @@ class OutputError(FileNotFoundError):
     """A directory that holds no run outputs, damaged ones, or outputs of another schema version."""
 
 
+_made: list[str] = []  # the outermost directory each unwritable_dir call made, for remove_unused_dirs
+
+
 def unwritable_dir(path: str) -> str | None:
     """Why `path` cannot hold a command's outputs, or None: it is made now, with its parents, so that
     a long run never ends failing to write its result."""
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{path} is a file, not a directory"
+    top = os.path.abspath(path)
+    while not os.path.exists(os.path.dirname(top)):
+        top = os.path.dirname(top)
+    made = not os.path.exists(top)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         return f"cannot make directory {path}: {e.strerror}"
+    if made:
+        _made.append(top)
     if not os.access(path, os.W_OK | os.X_OK):
         return f"cannot write into {path}: permission denied"
     return None
@@ -54,6 +63,18 @@ def unwritable_file(path: str) -> str | None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return f"cannot write {path}: permission denied"
     return None
+
+
+def remove_unused_dirs() -> None:
+    """Remove the directories `unwritable_dir` made that are still empty: a command that ends in
+    bad input leaves nothing behind."""
+    for top in reversed(_made):
+        for root, _, _ in os.walk(top, topdown=False):
+            try:
+                os.rmdir(root)  # only an empty directory goes
+            except OSError:
+                pass
+    _made.clear()
 
 
 def _flag_type(check):
