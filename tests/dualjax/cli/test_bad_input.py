@@ -45,6 +45,8 @@ def test_bad_run_flags(tmp_path, capsys, argv, message):
      '"nope" is not a registered KvStore driver'),
     (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "{bad}"], "--store {bad}: not JSON"),
     (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "memory://"], "give --store-gb"),
+    (["run", "--embedded", "--quiet", "--out", "{dir}/run", "--store", "http://127.0.0.1:1/kv", "--store-gb", "1"],
+     "cannot reach the store http://127.0.0.1:1/kv"),  # a network store nothing answers for: a port none listens on
     (["run", "--quiet", "--out", "{dir}/run", "--store", "memory://", "--store-gb", "1"],
      "a memory:// store lives inside one process and MPI ranks are separate processes"),
     (["demo", "--quick", "--out", "{file}"], "{file} is a file, not a directory"),
