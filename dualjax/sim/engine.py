@@ -108,6 +108,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
         self.de_mem_peak = 0.0
+        self.kv_priority = hw.kv_priority  # with it, KV queued on a DE's compute NIC re-times nothing
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
         self.shared = bool(hw.contention or hw.decode_contention)
         self.slow = {PrefillEngine: _slowdowns(hw.contention, len(self.engines)),
@@ -186,18 +187,23 @@ class Simulation(PrefillSide, DecodeSide):
         done = 0
         with tqdm(total=self.n_requests, desc=f"sim {self.cfg.cluster.name} {self.policy.name}", unit="req",
                   disable=not self.progress, leave=False, mininterval=1.0) as bar:
-            events = self.events
-            while events:
-                if until is not None and events[0][0] > until:
-                    break
-                self.now, _, fn, args = heapq.heappop(events)
-                fn(*args)
-                self.events_done += 1
-                if self.dirty and self.waiting:
-                    self._schedule()
-                if self.completed - done >= 1000:
-                    bar.update(self.completed - done)
-                    done = self.completed
+            events, pop, waiting, n = self.events, heapq.heappop, self.waiting, 0
+            stop = math.inf if until is None else until
+            try:
+                while events and events[0][0] <= stop:
+                    self.now, _, fn, args = pop(events)
+                    fn(*args)
+                    n += 1
+                    if self.dirty:
+                        if waiting:
+                            self._schedule()
+                        else:  # nothing to place; the next arrival sets it again
+                            self.dirty = False
+                    if self.completed - done >= 1000:
+                        bar.update(self.completed - done)
+                        done = self.completed
+            finally:
+                self.events_done += n
         if self.completed != self.n_requests and until is None:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")

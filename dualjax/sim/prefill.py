@@ -243,7 +243,8 @@ class PrefillSide:
             de = self.engines[int(self.cols["de"][w.rid])]
             de.node.relay_bytes += nbytes
             end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
-            self._kv_queued(de)
+            if not self.kv_priority:
+                self._kv_queued(de)
             return end
         end = pe.node.dram.reserve(t, nbytes)[1]
         if self.hw.loopbacks:
@@ -254,11 +255,12 @@ class PrefillSide:
         """The prompt's KV to the DE buffer (hit + miss on the PE path, miss on the DE path). Returns the end."""
         c = self.cols
         rid = w.rid
-        hit, prompt = int(c["hit_tokens"][rid]), int(c["prompt_tokens"][rid])
-        out = (prompt if w.path != "de" else prompt - hit) * self.kvb
-        de = self.engines[int(c["de"][rid])]
+        prompt = c["prompt_tokens"][rid]
+        out = (prompt if w.path != "de" else prompt - c["hit_tokens"][rid]) * self.kvb
+        de = self.engines[c["de"][rid]]
         end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
-        self._kv_queued(de)
+        if not self.kv_priority:
+            self._kv_queued(de)
         return end
 
     def _end_group_pass(self, g, plans, outputs) -> None:

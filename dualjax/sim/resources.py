@@ -232,6 +232,7 @@ class Costs:
             self.row = model.prefill_seconds(self.rate)
             self.attention = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
         self.table = PassTable(hw.pass_table) if hw.pass_table else None
+        self.de_weights = model.weights_per_gpu(de_ep)  # read by every decode step
 
     def efficiency(self, tokens: int) -> float:
         """Fraction of the saturated rate a pass of `tokens` new tokens reaches (1 for a flat profile)."""
@@ -258,7 +259,7 @@ class Costs:
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
             return hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
         kv = (min(context, batch * m.window) if m.window else context) * m.kv_bytes_per_token
-        reads = m.weights_per_gpu(self.de_ep) + kv + context * m.indexer_bytes_per_token
+        reads = self.de_weights + kv + context * m.indexer_bytes_per_token
         return max(batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s)
 
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
