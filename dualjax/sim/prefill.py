@@ -112,6 +112,8 @@ class PrefillSide:
     def _plan(self, pe: PrefillEngine) -> list:
         """The rows (and tokens) of `pe`'s next pass. Layerwise: ready rows packed under the quota, then cut
         to HBM; Basic: its oldest batch once every row of it is in memory."""
+        if not pe.rows:  # nothing placed (a Basic batch holds placed rows only)
+            return []
         if not self.layerwise:
             if pe.batches and all(w.t1 is not None and w.t1 <= self.now for w, _ in pe.batches[0]):
                 return pe.batches[0]
