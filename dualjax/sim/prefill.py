@@ -242,7 +242,7 @@ class PrefillSide:
         """Move `nbytes` of a row's prefix KV from the buffer that holds it to the PE's HBM: a loopback
         over the PE's compute NIC (PE path) or the relay from the DE buffer (DE path). Returns the end."""
         if w.path == "de":
-            de = self.engines[int(self.cols["de"][w.rid])]
+            de = self.engines[self.cols["de"][w.rid]]
             de.node.relay_bytes += nbytes
             end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
             if not self.kv_priority:
@@ -292,11 +292,11 @@ class PrefillSide:
             rid = w.rid
             pe.rows.remove(w)
             c["prefill_end"][rid] = self.now
-            self.scheduler.update(pe.rank, -1, -int(c["prompt_tokens"][rid]))
+            self.scheduler.update(pe.rank, -1, -c["prompt_tokens"][rid])
             self.dirty = True
             arrive = streamed[rid] if rid in streamed else self._output(w, pe, self.now)
             if w.buf:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(max(arrive, self.now), self._join, self.engines[int(c["de"][rid])], rid)
+            self.at(max(arrive, self.now), self._join, self.engines[c["de"][rid]], rid)
