@@ -97,9 +97,8 @@ class Simulation(PrefillSide, DecodeSide):
         n = sum(len(a) for a in append)
         self.n_requests = n
         # Per-request columns: flat `array`s while running (a scalar access costs a fraction of a numpy one,
-        # the arithmetic stays on Python floats and ints, and unlike lists of millions of objects the garbage
-        # collector never walks them: at 4.5 M requests its full passes took most of the run), numpy arrays
-        # once `run` ends.
+        # the arithmetic stays on Python floats and ints, and the garbage collector never walks them, as it
+        # would every slot of lists at each full collection), numpy arrays once `run` ends.
         self.cols = {k: array(_TYPECODE[k], [math.nan if k in FLOAT_COLUMNS else 0]) * n for k in _TYPECODE}
         self.context = [0] * len(append)  # tokens of each agent's conversation so far
         self.next_turn = [0] * len(append)
@@ -193,21 +192,19 @@ class Simulation(PrefillSide, DecodeSide):
                   disable=not self.progress, leave=False, mininterval=1.0) as bar:
             events, pop, waiting, n = self.events, heapq.heappop, self.waiting, 0
             stop = math.inf if until is None else until
-            try:
-                while events and events[0][0] <= stop:
-                    self.now, _, fn, args = pop(events)
-                    fn(*args)
-                    n += 1
-                    if self.dirty:
-                        if waiting:
-                            self._schedule()
-                        else:  # nothing to place; the next arrival sets it again
-                            self.dirty = False
-                    if self.completed - done >= 1000:
-                        bar.update(self.completed - done)
-                        done = self.completed
-            finally:
-                self.events_done += n
+            while events and events[0][0] <= stop:
+                self.now, _, fn, args = pop(events)
+                fn(*args)
+                n += 1
+                if self.dirty:
+                    if waiting:
+                        self._schedule()
+                    else:  # nothing to place; the next arrival sets it again
+                        self.dirty = False
+                if self.completed - done >= 1000:
+                    bar.update(self.completed - done)
+                    done = self.completed
+            self.events_done += n
         if self.completed != self.n_requests and until is None:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")
