@@ -183,8 +183,20 @@ def write_run(out_dir: str, cols: dict[str, np.ndarray], report: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
     write_table(os.path.join(out_dir, TABLE), cols, report["kind"])
     with open(os.path.join(out_dir, REPORT), "w") as f:
-        json.dump(report, f, indent=1)
+        f.write(report_json(report))
     plot_run(out_dir, report, cols["ttft"])
+
+
+def report_json(report: dict) -> str:
+    """report.json's text: indented for reading, except that each host's storage series is one line
+    (a point per second per host; indented, it would be most of the file)."""
+    series = report.get("storage_series")
+    if not series:
+        return json.dumps(report, indent=1)
+    text = json.dumps({**report, "storage_series": "SERIES"}, indent=1)
+    lines = ",\n".join(f"  {json.dumps(h)}: {json.dumps(points, separators=(',', ':'))}"
+                        for h, points in series.items())
+    return text.replace('"storage_series": "SERIES"', '"storage_series": {\n' + lines + "\n }")
 
 
 class Run(NamedTuple):
