@@ -30,15 +30,24 @@ class OutputError(FileNotFoundError):
     """A directory that holds no run outputs, damaged ones, or outputs of another schema version."""
 
 
+_made: list[str] = []  # the outermost directory each unwritable_dir call made, for remove_unused_dirs
+
+
 def unwritable_dir(path: str) -> str | None:
     """Why `path` cannot hold a command's outputs, or None: it is made now, with its parents, so that
     a long run never ends failing to write its result."""
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{path} is a file, not a directory"
+    top = os.path.abspath(path)
+    while not os.path.exists(os.path.dirname(top)):
+        top = os.path.dirname(top)
+    made = not os.path.exists(top)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         return f"cannot make directory {path}: {e.strerror}"
+    if made:
+        _made.append(top)
     if not os.access(path, os.W_OK | os.X_OK):
         return f"cannot write into {path}: permission denied"
     return None
@@ -54,6 +63,18 @@ def unwritable_file(path: str) -> str | None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return f"cannot write {path}: permission denied"
     return None
+
+
+def remove_unused_dirs() -> None:
+    """Remove the directories `unwritable_dir` made that are still empty: a command that ends in
+    bad input leaves nothing behind."""
+    for top in reversed(_made):
+        for root, _, _ in os.walk(top, topdown=False):
+            try:
+                os.rmdir(root)  # only an empty directory goes
+            except OSError:
+                pass
+    _made.clear()
 
 
 def _flag_type(check):
@@ -162,8 +183,20 @@ def write_run(out_dir: str, cols: dict[str, np.ndarray], report: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
     write_table(os.path.join(out_dir, TABLE), cols, report["kind"])
     with open(os.path.join(out_dir, REPORT), "w") as f:
-        json.dump(report, f, indent=1)
+        f.write(report_json(report))
     plot_run(out_dir, report, cols["ttft"])
+
+
+def report_json(report: dict) -> str:
+    """report.json's text: indented for reading, except that each host's storage series is one line
+    (a point per second per host; indented, it would be most of the file)."""
+    series = report.get("storage_series")
+    if not series:
+        return json.dumps(report, indent=1)
+    text = json.dumps({**report, "storage_series": "SERIES"}, indent=1)
+    lines = ",\n".join(f"  {json.dumps(h)}: {json.dumps(points, separators=(',', ':'))}"
+                        for h, points in series.items())
+    return text.replace('"storage_series": "SERIES"', '"storage_series": {\n' + lines + "\n }")
 
 
 class Run(NamedTuple):

@@ -126,7 +126,7 @@ class BlockStore:
             self.files = self._backend(io, opened)
             self._check_writable()
             keys = self.files.keys()
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, NotImplementedError) as e:  # NotImplementedError: a read-only kvstore (http)
             raise StoreError(f"cannot open store {self.name}: {brief(e)}", cause_of(e)) from None
         self.slots_per_segment = opened.slots_per_segment
         self.array = opened.array  # the zarr3 array [slots, L, T, *record] the segments make up

@@ -29,6 +29,7 @@ import sys
 from dualjax.cli.errors import user_errors
 from dualjax.cli.parsing import add_lazy, common, json_flag, out_flag, plot_flag, set_log_level
 from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
+from dualjax.outputs import remove_unused_dirs
 
 BENCHES = {"model": ("dualjax.bench.model", "prefill/decode throughput vs this machine's matmul FLOP/s"),
            "kvstore": ("dualjax.bench.kvstore", "block store vs raw file I/O of the same bytes"),
@@ -123,13 +124,18 @@ def _name(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     use_compile_cache()
-    args = build_parser(argv).parse_args(argv)
-    set_log_level(getattr(args, "log_level", None))
+    code = 2
     try:
-        return dispatch(args)
-    except user_errors() as e:
-        print(f"dualjax {_name(args)}: error: {e}", file=sys.stderr)
-        return 2
+        args = build_parser(argv).parse_args(argv)
+        set_log_level(getattr(args, "log_level", None))
+        try:
+            code = dispatch(args)
+        except user_errors() as e:
+            print(f"dualjax {_name(args)}: error: {e}", file=sys.stderr)
+    finally:
+        if code != 0:  # bad input, a failed host, an interrupt: no empty output directories left behind
+            remove_unused_dirs()
+    return code
 
 
 if __name__ == "__main__":

@@ -261,9 +261,13 @@ class RunConfig(Settings):
     pe_buffer_mb: float = setting(512.0, "PE host buffer, MB")
     de_buffer_mb: float = setting(512.0, "DE host buffer, MB")
     decode_slots: int = setting(8, "sequences a decode host decodes together")
-    store: str | None = setting(None, "store directory, one that every host reaches (default: OUT/store)")
+    store: str | None = setting(None, "the KV store, one that every host reaches: a directory (POSIX I/O), or "
+                                "through TensorStore a kvstore URL (file:///shared/kv/, gs://bucket/kv/, "
+                                "s3://bucket/kv/), a JSON kvstore spec or a .json file of one (docs/store.md; "
+                                "default: OUT/store)")
     store_gb: float | None = setting(None, "KV store byte budget in GB, LRU-evicted (default: the store filesystem's "
-                                     "free space less a margin)")
+                                     "free space less a margin; required for a store without a filesystem: gs://, "
+                                     "s3://, memory://)")
     out: str = setting("runs/latest", "output directory: requests.parquet, report.json, plots (docs/report.md) "
                        "and the store unless --store")
     hostfile: str | None = setting(None, "run across hosts: a file of one HOST[:N] per line, or 'slurm' for "

@@ -30,7 +30,7 @@ from dualjax.runtime.driver import Driver
 from dualjax.runtime.placement import Placement, read_nodes
 from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import thresholds
-from dualjax.runtime.store import open_store, run_layout, run_model
+from dualjax.runtime.store import open_store, run_layout, run_location, run_model
 from dualjax.runtime.transport import HostFailure, InProcFabric, Transport
 from dualjax.runtime.warmup import startup_report, wait_warm
 
@@ -124,6 +124,8 @@ def check_run(cfg: RunConfig, embedded: bool = False) -> None:
                   model_cfg.max_seq_len)
     HostBuffer("PE", int(cfg.pe_buffer_mb * 2**20)).check_fits(layout.block_bytes)
     HostBuffer("DE", int(cfg.de_buffer_mb * 2**20)).check_fits(layout.block_bytes)
+    if cfg.use_store and not embedded:
+        run_location(cfg, processes=True)  # a store MPI's processes cannot share, before it is asked for a budget
     open_store(cfg)
 
 

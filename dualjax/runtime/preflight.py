@@ -11,9 +11,10 @@ Every rank runs `join` collectively, in this order:
    caught here) and its settings; all must equal rank 0's.
 4. **The same store.** Rank 0 writes a probe block, named by a random nonce, into the store; every
    other host opens the store and reads it back; rank 0 then drops it. Only the store's public
-   put / get / invalidate are used, so this holds for any kvstore the store opens, and a host that
-   reaches another store (a local directory of the same name, a mount missing) is caught here,
-   not later as a silent zero hit rate.
+   put / get / invalidate are used, so this holds for any kvstore the store opens (a directory or
+   a URL), and a host that reaches another store (a local directory of the same name, a mount
+   missing) or none (a network store it cannot reach) is caught here, not later as a silent zero
+   hit rate. A `memory://` store, which separate processes cannot share, is refused before.
 
 A check that fails ends every rank with the same one line, printed by rank 0, naming the host and
 what differs (`Refused`; the CLI's exit code 2), before any host loads weights or compiles.
@@ -129,57 +130,61 @@ def check_identity(comm, cfg: RunConfig, placement: Placement) -> None:
 
 def _probe_block(layout, nonce: bytes):
     """(block id, Full Block) of a probe: tokens and bytes drawn from `nonce`, so no prompt names it."""
-    from kvstore import block_chain
-    rng = np.random.default_rng(int.from_bytes(nonce, "little"))
-    tokens = rng.integers(0, 2**31 - 1, layout.block_tokens, dtype=np.int64)
+    from dualjax.runtime.store import random_ids
     block = np.zeros((1, *layout.full_shape), layout.np_dtype)
     raw = block.view(np.uint8).reshape(-1)
     raw[:len(nonce)] = np.frombuffer(nonce, np.uint8)
-    return block_chain(tokens, layout)[0], block
+    return random_ids(layout, 1, nonce)[0], block
 
 
-def _sees_store(cfg: RunConfig) -> str | None:
-    """Why this host cannot see a store that another host made, without making one here."""
+def _cannot(where, e: Exception) -> str:
+    """Why this host cannot open the store `where`, naming it once."""
+    return str(e) if where.name in str(e) else f"cannot open the store {where.name}: {e}"
+
+
+def _read_probe(cfg: RunConfig, where, block_id, block) -> tuple[object, str | None]:
+    """(the store, None) if this host opens it and reads the probe back, else (store or None, why not).
+    A host that finds no store there says so without making one."""
+    from dualjax.runtime.store import open_store, store_exists
     from kvstore import MANIFEST
-    if not os.path.exists(os.path.join(cfg.store_dir, MANIFEST)):
-        return f"has no store at {cfg.store_dir} (no {MANIFEST})"
-    return None
-
-
-def _read_probe(cfg: RunConfig, block_id, block) -> tuple[object, str | None]:
-    """(the store, None) if this host opens it and reads the probe back, else (store or None, why not)."""
-    from dualjax.runtime.store import open_store
-    if why := _sees_store(cfg):
-        return None, why
+    store = None
     try:
+        if not store_exists(where):
+            return None, f"has no store at {where.name} (no {MANIFEST})"
         store = open_store(cfg)
+        got = store.get([block_id.hash])[0].result()
     except _bad_input() as e:
-        return None, f"cannot open the store {cfg.store_dir}: {e}"
-    got = store.get([block_id.hash])[0].result()
+        return store, _cannot(where, e)
     if got is None or not np.array_equal(got.view(np.uint8), block[0].view(np.uint8)):
-        return store, f"does not see the store at {cfg.store_dir}: the probe rank 0 wrote there is not in it"
+        return store, f"does not see the store at {where.name}: the probe rank 0 wrote there is not in it"
     return store, None
 
 
 def check_store(comm, cfg: RunConfig, placement: Placement) -> None:
-    """Collective: rank 0 writes a probe block into the store, then every other host reads it back."""
-    from dualjax.runtime.store import open_store
+    """Collective: rank 0 writes a probe block into the store, then every other host reads it back.
+    A bad `--store`, or one that processes cannot share (`memory://`), is refused first, alike on
+    every rank."""
+    from dualjax.runtime.store import open_store, run_location
     rank, seat = comm.Get_rank(), placement.seats[comm.Get_rank()]
     store = block_id = block = problem = None
+    try:
+        where = run_location(cfg, processes=True)
+    except _bad_input() as e:
+        raise Refused(str(e)) from None
     if rank == 0:
         try:
             store = open_store(cfg)
             block_id, block = _probe_block(store.layout, os.urandom(16))
             store.put([block_id], block)
         except _bad_input() as e:
-            problem = f"{_where(seat)} cannot open the store {cfg.store_dir}: {e}"
+            problem = f"{_where(seat)} {_cannot(where, e)}"
     _agree(comm, problem)
     block_id, block = comm.bcast((block_id, block), root=0)
     try:
         if rank != 0:
-            store, why = _read_probe(cfg, block_id, block)
-            problem = why and (f"{_where(seat)} {why}; rank 0 runs on {placement.seats[0].host}: give --store a "
-                               "directory that every host shares")
+            store, why = _read_probe(cfg, where, block_id, block)
+            shared = "a directory that every host shares" if where.io == "posix" else "a store that every host reaches"
+            problem = why and f"{_where(seat)} {why}; rank 0 runs on {placement.seats[0].host}: give --store {shared}"
         _agree(comm, problem)
     finally:
         if rank == 0:

@@ -6,8 +6,6 @@ under the compute quota)."""
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 import time
 
 import numpy as np
@@ -17,7 +15,7 @@ import models
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
 from dualjax.core.scheduler import Thresholds
-from dualjax.runtime.store import run_layout, run_model
+from dualjax.runtime.store import run_layout, run_model, scratch
 
 
 def prefill_seconds(model: str, cached: int, new: int, repeats: int = 3, rows: int = 1) -> float:
@@ -81,13 +79,10 @@ def attention_fit(model: str) -> AttentionFit:
 
 
 @functools.cache
-def store_read_bytes_per_s(store_dir: str, layout: kvstore.BlockLayout, blocks: int = 32) -> float:
-    """Read rate of Full Blocks from a scratch store beside the run's store (same disk)."""
-    parent = os.path.dirname(os.path.abspath(store_dir)) or "."
-    os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=".profile-") as d:
-        s = kvstore.BlockStore(kvstore.local_spec(d), layout)
-        ids = kvstore.block_chain(np.arange(blocks * layout.block_tokens) % 1000, layout)
+def store_read_bytes_per_s(store: str, layout: kvstore.BlockLayout, blocks: int = 32) -> float:
+    """Read rate of Full Blocks on the storage of the run's store `store` (`--store`): from a scratch
+    store beside a store directory, or the store itself for a kvstore (`dualjax.runtime.store.scratch`)."""
+    with scratch(store, layout, blocks) as (s, ids):
         s.put(ids, np.ones((blocks, *layout.full_shape), layout.np_dtype))
         s.get_prefix([b.hash for b in ids])
         t0 = time.perf_counter()

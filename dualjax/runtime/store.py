@@ -5,25 +5,160 @@ A model config says what one token leaves in one layer's cache (`kv_record_shape
 the model's name and, when known, the weights' identity, so KV is never served across models or
 checkpoints of the same shape.
 
+A run's store (`--store`, `store_location`) is a directory, whose blocks move by the store's POSIX
+back end, or any TensorStore kvstore, by URL (`file:///shared/kv/`, `gs://bucket/kv/`) or JSON spec,
+whose blocks move through TensorStore (so `file://` is how to put a local directory on the
+TensorStore back end). A network store is reached once with few retries and a time limit before it
+is opened (`store_exists`), so an unreachable one is one line, not minutes of TensorStore's retries.
+A `memory://` store lives in one process: every host of an embedded run shares it; MPI ranks cannot
+(`run_location`). The first open of a run (the command's check) recovers a store whose own metadata
+is damaged and says so in one line; a host reports the recovery as `store.recovered` (docs/store.md).
+
 The store's byte budget is `--store-gb`, or by default what the store holds now plus the free
 space of its filesystem less a margin (5% of the filesystem, at least 1 GiB), so a run evicts
 least recently used blocks before the disk fills; should it fill anyway (another writer), a
-failed write-back only leaves blocks uncached.
-
-A run's store is a local directory (`--store`), so its blocks move by the store's POSIX back end.
-The first open of a run (the command's check) recovers a store whose own metadata is damaged and
-says so in one line; a host reports the recovery as `store.recovered` (docs/store.md).
+failed write-back only leaves blocks uncached. A store without a filesystem (`gs://`, `s3://`,
+`memory://`) has no free space to go by: it needs `--store-gb`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import json
+import os
 import shutil
+import tempfile
+
+import numpy as np
+import tensorstore as ts
 
 import models
 from dualjax.outputs import unwritable_dir
-from kvstore import BlockLayout, BlockStore, FingerprintMismatch, StoreError, local_spec
+from kvstore import (
+    MANIFEST,
+    BlockId,
+    BlockLayout,
+    BlockStore,
+    FingerprintMismatch,
+    StoreError,
+    block_chain,
+    local_spec,
+)
+from kvstore.errors import brief
 
 MARGIN_FRACTION, MARGIN_MIN_BYTES = 0.05, 1 << 30
+REACH_S = 30.0  # the most a network store may take to answer the first read
+# a network store's first read gives up after a few quick retries (TensorStore's own retry for minutes)
+REACH_RETRIES = {"max_retries": 2, "initial_delay": "0.5s", "max_delay": "2s"}
+EXAMPLES = "a directory, a kvstore URL (file:///shared/kv/, gs://bucket/kv/, s3://bucket/kv/) or a JSON kvstore spec"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreLocation:
+    """Where a run's store is: `name` as `--store` gives it, its TensorStore kvstore `spec` and its
+    I/O back end `io` ("posix" for a directory, "tensorstore" for a URL or spec)."""
+
+    name: str
+    spec: dict
+    io: str
+
+    def drivers(self) -> list[str]:
+        """Every kvstore driver of the spec, adapters' bases included (`file:///x|ocdbt:`: ocdbt, file)."""
+        found, todo = [], [self.spec]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, dict):
+                found += [node["driver"]] if isinstance(node.get("driver"), str) else []
+                todo += node.values()
+        return found
+
+    @property
+    def directory(self) -> str | None:
+        """The local directory the store is, or None (a store without a filesystem of its own)."""
+        return (self.spec["path"].rstrip("/") or "/") if self.spec["driver"] == "file" else None
+
+    @property
+    def context(self) -> ts.Context | None:
+        """The process's one context for a `memory://` store, so every host of an embedded run opens
+        the same store; None (a fresh one per store) elsewhere."""
+        return memory_context() if "memory" in self.drivers() else None
+
+
+@functools.cache
+def memory_context() -> ts.Context:
+    """The context every `memory://` store of this process opens in: one store, whoever opens it."""
+    return ts.Context()
+
+
+def _json_spec(text: str):
+    """The JSON of `--store`: inline (`{"driver": ...}`) or in the .json file it names."""
+    body = text
+    if not text.lstrip().startswith("{"):
+        try:
+            with open(text) as f:
+                body = f.read()
+        except OSError as e:
+            raise StoreError(f"--store {text}: cannot read the kvstore spec file: {e.strerror}", "spec") from None
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as e:
+        raise StoreError(f"--store {text.strip()[:80]}: not JSON ({e.msg} at character {e.pos}); {EXAMPLES}",
+                         "spec") from None
+
+
+def store_location(text: str) -> StoreLocation:
+    """`--store`'s value as a location: a directory (POSIX I/O); else a TensorStore kvstore URL, an
+    inline JSON spec (`{...}`) or a `.json` file holding one (TensorStore I/O), whose path is taken
+    as a directory (a `/` added). Raises StoreError in one line: an unknown scheme or driver, a
+    malformed spec."""
+    if text.lstrip().startswith("{") or text.endswith(".json"):
+        given = _json_spec(text)
+    elif "://" in text:
+        given = text
+    else:
+        return StoreLocation(text, local_spec(text), "posix")
+    try:
+        spec = ts.KvStore.Spec(given).to_json()
+    except (ValueError, TypeError) as e:
+        why = brief(e).removeprefix(f'Parsing spec from url: "{text}": ')
+        raise StoreError(f"--store {text}: {why}; {EXAMPLES}", "spec") from None
+    if spec["driver"] == "file" and not spec.get("path"):
+        raise StoreError(f"--store {text}: a file kvstore needs a path; {EXAMPLES}", "spec")
+    if spec.get("path") and not spec["path"].endswith("/"):
+        spec["path"] += "/"
+    return StoreLocation(text, spec, "tensorstore")
+
+
+def store_exists(where: StoreLocation) -> bool:
+    """Whether a store is at `where` (its manifest), without making one. Raises StoreError in one line
+    when the kvstore does not answer: a network store gets few quick retries and REACH_S seconds."""
+    if where.directory is not None:
+        return os.path.exists(os.path.join(where.directory, MANIFEST))
+    context = where.context or ts.Context({f"{k}_request_retries": REACH_RETRIES for k in ("gcs", "s3", "http")})
+    try:
+        kv = ts.KvStore.open(where.spec, context=context).result(timeout=REACH_S)
+        return kv.read(MANIFEST).result(timeout=REACH_S).state == "value"
+    except TimeoutError:
+        raise StoreError(f"cannot reach the store {where.name}: no answer in {REACH_S:g} s", "ETIMEDOUT") from None
+    except (ValueError, OSError, NotImplementedError) as e:
+        raise StoreError(f"cannot reach the store {where.name}: {brief(e)}", "unreachable") from None
+
+
+def run_location(cfg, processes: bool = False) -> StoreLocation:
+    """Where the run `cfg` keeps its store, checked before anything opens it. Raises StoreError in one
+    line: a bad `--store`; a store without a filesystem and no `--store-gb`; with `processes` (hosts
+    that are processes: MPI), a `memory://` store, which lives inside one process."""
+    where = store_location(cfg.store_dir)
+    if processes and "memory" in where.drivers():
+        raise StoreError(f"--store {where.name}: a memory:// store lives inside one process and MPI ranks are "
+                         "separate processes, so they cannot share it; run --embedded, or give --store a directory "
+                         "or URL that every host reaches", "spec")
+    if cfg.store_gb is None and where.directory is None:
+        raise StoreError(f"--store {where.name} has no filesystem whose free space sets the store's budget: "
+                         "give --store-gb", "budget")
+    return where
 
 
 def layout_for(cfg, block_tokens: int = 64, hash_seed: int = 0, weights: str = "") -> BlockLayout:
@@ -53,26 +188,61 @@ def default_budget(directory: str, held_bytes: int) -> int:
     return held_bytes + max(0, usage.free - margin)
 
 
+def _open(where: StoreLocation, cfg) -> BlockStore:
+    """The store at `where` for `cfg`'s layout; a fingerprint mismatch names this run's weights."""
+    if where.directory is not None and (why := unwritable_dir(where.directory)):
+        raise StoreError(f"the store directory: {why}")
+    if where.directory is None:
+        store_exists(where)  # reached within seconds, or one line
+    try:
+        return BlockStore(where.spec, run_layout(cfg), io=where.io, context=where.context)
+    except FingerprintMismatch as e:  # say whose weights this run has, in words (path and digest, or seed)
+        raise FingerprintMismatch(f"{e}; this run's weights: {run_model(cfg).describe}", e.cause) from None
+
+
 def open_store(cfg) -> BlockStore | None:
     """The run's store with its byte budget, or None for the reference run. Raises StoreError
-    (fail fast, before serving) on another fingerprint, an unwritable store, or a budget below one
-    block."""
+    (fail fast, before serving) on a bad `--store`, an unreachable or unwritable store, another
+    fingerprint, a store without a filesystem and no `--store-gb`, or a budget below one block."""
     if not cfg.use_store:
         return None
-    if why := unwritable_dir(cfg.store_dir):
-        raise StoreError(f"the store directory: {why}")
-    try:
-        store = BlockStore(local_spec(cfg.store_dir), run_layout(cfg))
-    except FingerprintMismatch as e:  # say whose weights this run has, in words (path and digest, or seed)
-        raise FingerprintMismatch(f"{e}; this run's weights: {run_model(cfg).describe}",
-                                  e.cause) from None
+    where = run_location(cfg)
+    store = _open(where, cfg)
     if cfg.store_gb is not None:
         store.set_capacity(int(cfg.store_gb * 1e9))
         return store
     # what it holds, not stats(): stats() reports a pending recovery, which belongs to a host's report
-    budget = default_budget(cfg.store_dir, len(store.hashes()) * store.layout.block_bytes)
+    budget = default_budget(where.directory, len(store.hashes()) * store.layout.block_bytes)
     if budget < store.layout.block_bytes:
-        raise StoreError(f"the filesystem of {cfg.store_dir} has {shutil.disk_usage(cfg.store_dir).free} B free, "
-                         f"less than the safety margin plus one block; free space or set --store-gb", "ENOSPC")
+        raise StoreError(f"the filesystem of {where.directory} has {shutil.disk_usage(where.directory).free} B "
+                         "free, less than the safety margin plus one block; free space or set --store-gb", "ENOSPC")
     store.set_capacity(budget)
     return store
+
+
+def random_ids(layout: BlockLayout, blocks: int, nonce: bytes) -> list[BlockId]:
+    """Ids of a chain of `blocks` blocks whose tokens are drawn from `nonce`: no prompt names them."""
+    rng = np.random.default_rng(int.from_bytes(nonce, "little"))
+    return block_chain(rng.integers(0, 2**31 - 1, blocks * layout.block_tokens, dtype=np.int64), layout)
+
+
+@contextlib.contextmanager
+def scratch(store: str, layout: BlockLayout, blocks: int):
+    """(a store, ids of `blocks` blocks no one else uses) on the storage of the store `store`, for a
+    measurement: a temporary store beside a store directory (on its disk); on a kvstore, the store
+    itself, the blocks named by a random nonce and dropped afterwards."""
+    where = store_location(store)
+    if where.io == "posix":
+        parent = os.path.dirname(os.path.abspath(store)) or "."
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=parent, prefix=".profile-") as d, \
+                BlockStore(local_spec(d), layout) as s:
+            yield s, block_chain(np.arange(blocks * layout.block_tokens) % 1000, layout)
+        return
+    ids = random_ids(layout, blocks, os.urandom(16))
+    with BlockStore(where.spec, layout, io=where.io, context=where.context) as s:
+        try:
+            yield s, ids
+        finally:
+            for bid in ids:
+                s.invalidate(bid.hash)

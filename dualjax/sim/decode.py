@@ -43,12 +43,14 @@ class DecodeSide:
 
     def _join(self, de: DecodeEngine, rid: int) -> None:
         """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
+        now = self.now
         nbytes = self.cols["prompt_tokens"][rid] * self.kvb
-        done = de.node.dram.reserve(self.now, nbytes)[1]
+        done = de.node.dram.reserve(now, nbytes)[1]
         if self.hw.loopbacks:
-            done = max(done, de.tx.reserve(self.now, nbytes)[1], de.rx.reserve(self.now, nbytes)[1])
-            self._kv_queued(de)
-        if done > self.now:
+            done = max(done, de.tx.reserve(now, nbytes)[1], de.rx.reserve(now, nbytes)[1])
+            if not self.kv_priority:
+                self._kv_queued(de)
+        if done > now:
             self.at(done, self._first_token, de, rid)
         else:
             self._first_token(de, rid)
@@ -66,7 +68,7 @@ class DecodeSide:
     def _kv_queued(self, de: DecodeEngine) -> None:
         """KV was queued on `de`'s compute NIC. Without priority it slows the EP all-to-all of the batch's
         steps until the NIC drains (re-timed now and then); with priority nothing changes."""
-        if self.hw.kv_priority or not de.n:
+        if self.kv_priority or not de.n:
             return
         self._advance(de)
         self._retime(de)
@@ -86,17 +88,23 @@ class DecodeSide:
     def _admit(self, de: DecodeEngine) -> None:
         self._advance(de)
         limit = self.hw.decode_batch or math.inf
+        ready = de.ready
+        if not ready or de.n >= limit:
+            self._retime(de)
+            return
         c = self.cols
+        gen, prompt, steps = c["gen_len"], c["prompt_tokens"], de.steps
         joined = []
-        while de.ready and de.n < limit:
-            rid = de.ready.popleft()
-            heapq.heappush(de.members, (de.steps + c["gen_len"][rid] - 1, rid))
-            de.ctx_base += c["prompt_tokens"][rid] - de.steps
+        while ready and de.n < limit:
+            rid = ready.popleft()
+            heapq.heappush(de.members, (steps + gen[rid] - 1, rid))
+            de.ctx_base += prompt[rid] - steps
             de.n += 1
             joined.append(rid)
         self._retime(de)
+        second, t = c["second_token"], self.now + de.step_s
         for rid in joined:
-            c["second_token"][rid] = self.now + de.step_s  # the second token comes with the next step
+            second[rid] = t  # the second token comes with the next step
 
     def _slowdown(self, engine) -> float:
         """`local`: engines share the machine's cores; how much the others computing slow this one."""
@@ -112,35 +120,39 @@ class DecodeSide:
 
     def _retime(self, de: DecodeEngine) -> None:
         de.version += 1
-        if not de.n:
+        n, now = de.n, self.now
+        if not n:
             de.tx.model_util = de.rx.model_util = 0.0
             return
-        ep = self.costs.ep_bytes(de.n, de.ep_nodes)
-        ep_s = ep / min(de.tx.model_rate(self.now), de.rx.model_rate(self.now)) if ep else 0.0
-        de.step_s = self.costs.decode_step_s(de.n, de.ctx_base + de.n * de.steps, max(ep_s, de.ep_floor_s))
+        ep = self.costs.ep_bytes(n, de.ep_nodes)
+        ep_s = ep / min(de.tx.model_rate(now), de.rx.model_rate(now)) if ep else 0.0
+        step_s = self.costs.decode_step_s(n, de.ctx_base + n * de.steps, max(ep_s, de.ep_floor_s))
         if self.shared:
-            de.step_s *= self._slowdown(de)
-        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / de.step_s)  # its bytes' share of the line
-        due = self.now + max(0.0, de.members[0][0] - de.steps) * de.step_s
-        self.at(due, self._decode_event, de, de.version)
+            step_s *= self._slowdown(de)
+        de.step_s = step_s
+        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / step_s)  # its bytes' share of the line
+        self.seq += 1
+        heapq.heappush(self.events, (now + max(0.0, de.members[0][0] - de.steps) * step_s, self.seq,
+                                     self._decode_event, (de, de.version)))
 
     def _decode_event(self, de: DecodeEngine, version: int) -> None:
         if version != de.version:
             return  # the batch changed since this was due
         self._advance(de)
-        while de.members and de.members[0][0] <= de.steps + 1e-6:
-            finish, rid = heapq.heappop(de.members)
+        members, prompt, gen = de.members, self.cols["prompt_tokens"], self.cols["gen_len"]
+        while members and members[0][0] <= de.steps + 1e-6:
+            finish, rid = heapq.heappop(members)
             de.n -= 1
-            de.ctx_base -= self.cols["prompt_tokens"][rid] - (finish - self.cols["gen_len"][rid] + 1)
+            de.ctx_base -= prompt[rid] - (finish - gen[rid] + 1)
             self._complete(de, rid)
         self._admit(de)
 
     def _complete(self, de: DecodeEngine, rid: int) -> None:
-        c = self.cols
-        c["done"][rid] = self.now
-        gen, prompt, hit = int(c["gen_len"][rid]), int(c["prompt_tokens"][rid]), int(c["hit_tokens"][rid])
+        c, now = self.cols, self.now
+        c["done"][rid] = now
+        gen, prompt, hit = c["gen_len"][rid], c["prompt_tokens"][rid], c["hit_tokens"][rid]  # Python ints
         if gen > 1:
-            c["tpot"][rid] = (self.now - c["first_token"][rid]) / (gen - 1)
+            c["tpot"][rid] = (now - c["first_token"][rid]) / (gen - 1)
         else:
             c["second_token"][rid] = np.nan
         if self.cfg.use_store:  # every block that filled, the prompt's new ones first
@@ -148,13 +160,13 @@ class DecodeSide:
         self.scheduler.update(de.rank, -1, -(prompt + gen))
         self.dirty = True
         self.completed += 1
-        agent = int(c["agent"][rid])
+        agent = c["agent"][rid]
         self.context[agent] = prompt + gen
-        self.next_turn[agent] += 1
-        if self.next_turn[agent] < len(self.append[agent]):
-            if self.trace is not None and self.trace.pause[agent][self.next_turn[agent]] > 0:  # recorded
-                self.at(self.now + float(self.trace.pause[agent][self.next_turn[agent]]), self._submit, agent)
+        self.next_turn[agent] = k = self.next_turn[agent] + 1
+        if k < len(self.append[agent]):
+            if self.trace is not None and self.trace.pause[agent][k] > 0:  # recorded
+                self.at(now + float(self.trace.pause[agent][k]), self._submit, agent)
             elif self.think_s and self.trace is None:
-                self.at(self.now + self.rng.exponential(self.think_s), self._submit, agent)
+                self.at(now + self.rng.exponential(self.think_s), self._submit, agent)
             else:
                 self._submit(agent)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from array import array
 
 import numpy as np
 from tqdm import tqdm
@@ -45,6 +46,7 @@ PATH_CODES = {"pe": 0, "de": 1, "none": 2}
 FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "second_token", "done",
                  "tpot", "load_wait")
 INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts")
+_TYPECODE = {k: "d" for k in FLOAT_COLUMNS} | {k: "q" for k in INT_COLUMNS}  # float64 and int64, as numpy's
 
 
 def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
@@ -94,9 +96,10 @@ class Simulation(PrefillSide, DecodeSide):
         self.waiting = Waiting()
         n = sum(len(a) for a in append)
         self.n_requests = n
-        # Per-request columns: Python lists while running (a scalar access costs a fraction of a numpy
-        # one, and the arithmetic stays on Python floats), numpy arrays once `run` ends.
-        self.cols = {k: [math.nan] * n for k in FLOAT_COLUMNS} | {k: [0] * n for k in INT_COLUMNS}
+        # Per-request columns: flat `array`s while running (a scalar access costs a fraction of a numpy one,
+        # the arithmetic stays on Python floats and ints, and the garbage collector never walks them, as it
+        # would every slot of lists at each full collection), numpy arrays once `run` ends.
+        self.cols = {k: array(_TYPECODE[k], [math.nan if k in FLOAT_COLUMNS else 0]) * n for k in _TYPECODE}
         self.context = [0] * len(append)  # tokens of each agent's conversation so far
         self.next_turn = [0] * len(append)
         self.next_id = 0
@@ -108,6 +111,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
         self.de_mem_peak = 0.0
+        self.kv_priority = hw.kv_priority  # with it, KV queued on a DE's compute NIC re-times nothing
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
         self.shared = bool(hw.contention or hw.decode_contention)
         self.slow = {PrefillEngine: _slowdowns(hw.contention, len(self.engines)),
@@ -181,23 +185,26 @@ class Simulation(PrefillSide, DecodeSide):
             for a, t in enumerate(self.starts):
                 self.at(float(t), self._submit, a)
             self.seeded = True
-        else:  # back to lists while running (`__init__`)
-            self.cols = {k: v.tolist() for k, v in self.cols.items()}
+        else:  # back to flat arrays while running (`__init__`)
+            self.cols = {k: array(_TYPECODE[k], v.tobytes()) for k, v in self.cols.items()}
         done = 0
         with tqdm(total=self.n_requests, desc=f"sim {self.cfg.cluster.name} {self.policy.name}", unit="req",
                   disable=not self.progress, leave=False, mininterval=1.0) as bar:
-            events = self.events
-            while events:
-                if until is not None and events[0][0] > until:
-                    break
-                self.now, _, fn, args = heapq.heappop(events)
+            events, pop, waiting, n = self.events, heapq.heappop, self.waiting, 0
+            stop = math.inf if until is None else until
+            while events and events[0][0] <= stop:
+                self.now, _, fn, args = pop(events)
                 fn(*args)
-                self.events_done += 1
-                if self.dirty and self.waiting:
-                    self._schedule()
+                n += 1
+                if self.dirty:
+                    if waiting:
+                        self._schedule()
+                    else:  # nothing to place; the next arrival sets it again
+                        self.dirty = False
                 if self.completed - done >= 1000:
                     bar.update(self.completed - done)
                     done = self.completed
+            self.events_done += n
         if self.completed != self.n_requests and until is None:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")

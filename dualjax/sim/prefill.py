@@ -112,6 +112,8 @@ class PrefillSide:
     def _plan(self, pe: PrefillEngine) -> list:
         """The rows (and tokens) of `pe`'s next pass. Layerwise: ready rows packed under the quota, then cut
         to HBM; Basic: its oldest batch once every row of it is in memory."""
+        if not pe.rows:  # nothing placed (a Basic batch holds placed rows only)
+            return []
         if not self.layerwise:
             if pe.batches and all(w.t1 is not None and w.t1 <= self.now for w, _ in pe.batches[0]):
                 return pe.batches[0]
@@ -240,10 +242,11 @@ class PrefillSide:
         """Move `nbytes` of a row's prefix KV from the buffer that holds it to the PE's HBM: a loopback
         over the PE's compute NIC (PE path) or the relay from the DE buffer (DE path). Returns the end."""
         if w.path == "de":
-            de = self.engines[int(self.cols["de"][w.rid])]
+            de = self.engines[self.cols["de"][w.rid]]
             de.node.relay_bytes += nbytes
             end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
-            self._kv_queued(de)
+            if not self.kv_priority:
+                self._kv_queued(de)
             return end
         end = pe.node.dram.reserve(t, nbytes)[1]
         if self.hw.loopbacks:
@@ -254,11 +257,12 @@ class PrefillSide:
         """The prompt's KV to the DE buffer (hit + miss on the PE path, miss on the DE path). Returns the end."""
         c = self.cols
         rid = w.rid
-        hit, prompt = int(c["hit_tokens"][rid]), int(c["prompt_tokens"][rid])
-        out = (prompt if w.path != "de" else prompt - hit) * self.kvb
-        de = self.engines[int(c["de"][rid])]
+        prompt = c["prompt_tokens"][rid]
+        out = (prompt if w.path != "de" else prompt - c["hit_tokens"][rid]) * self.kvb
+        de = self.engines[c["de"][rid]]
         end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
-        self._kv_queued(de)
+        if not self.kv_priority:
+            self._kv_queued(de)
         return end
 
     def _end_group_pass(self, g, plans, outputs) -> None:
@@ -288,11 +292,11 @@ class PrefillSide:
             rid = w.rid
             pe.rows.remove(w)
             c["prefill_end"][rid] = self.now
-            self.scheduler.update(pe.rank, -1, -int(c["prompt_tokens"][rid]))
+            self.scheduler.update(pe.rank, -1, -c["prompt_tokens"][rid])
             self.dirty = True
             arrive = streamed[rid] if rid in streamed else self._output(w, pe, self.now)
             if w.buf:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(max(arrive, self.now), self._join, self.engines[int(c["de"][rid])], rid)
+            self.at(max(arrive, self.now), self._join, self.engines[c["de"][rid]], rid)

@@ -93,13 +93,6 @@ class Lane:
         self.model_util, self.free_at, self.bytes, self.busy_s = 0.0, 0.0, 0.0, 0.0
         self.free = math.isinf(rate)  # transfers take no time
 
-    def kv_rate(self) -> float:
-        if not self.model_util:
-            return self.rate
-        if self.priority:
-            return self.rate * max(1.0 - self.model_util, 1.0 - self.share)
-        return self.rate * max(1.0 - self.model_util, 0.5)
-
     def model_rate(self, now: float) -> float:
         """The rate model traffic gets now: the line, or half of it while KV is queued without priority."""
         return self.rate if self.priority or self.free_at <= now else self.rate / 2
@@ -109,7 +102,14 @@ class Lane:
         if self.free or nbytes == 0:
             return t, t
         start = t if t > self.free_at else self.free_at
-        self.free_at = end = start + nbytes / (self.kv_rate() if self.model_util else self.rate)
+        util = self.model_util
+        if not util:
+            rate = self.rate
+        elif self.priority:  # KV gets what model traffic leaves, at least 1 - share of the line
+            rate = self.rate * max(1.0 - util, 1.0 - self.share)
+        else:  # an even split while both are active
+            rate = self.rate * max(1.0 - util, 0.5)
+        self.free_at = end = start + nbytes / rate
         self.busy_s += end - start
         return start, end
 
@@ -232,6 +232,7 @@ class Costs:
             self.row = model.prefill_seconds(self.rate)
             self.attention = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
         self.table = PassTable(hw.pass_table) if hw.pass_table else None
+        self.de_weights = model.weights_per_gpu(de_ep)  # read by every decode step
 
     def efficiency(self, tokens: int) -> float:
         """Fraction of the saturated rate a pass of `tokens` new tokens reaches (1 for a flat profile)."""
@@ -258,7 +259,7 @@ class Costs:
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
             return hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
         kv = (min(context, batch * m.window) if m.window else context) * m.kv_bytes_per_token
-        reads = m.weights_per_gpu(self.de_ep) + kv + context * m.indexer_bytes_per_token
+        reads = self.de_weights + kv + context * m.indexer_bytes_per_token
         return max(batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s)
 
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:

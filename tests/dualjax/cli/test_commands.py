@@ -91,3 +91,18 @@ def test_log_level_goes_before_or_after_the_subcommand(capsys):
     with pytest.raises(SystemExit) as e:
         main(["workload", "stats", "agentic-tiny", "--log-level", "loud"])
     assert e.value.code == 2 and "--log-level: invalid choice" in capsys.readouterr().err
+
+
+def test_bad_input_leaves_no_output_directory(tmp_path, capsys):
+    out = tmp_path / "runs" / "sim"
+    argv = ["sim", "--hardware", "no-such-profile", "--cluster", "1p1d", "--workload", "agentic-tiny",
+            "--out", str(out)]
+    assert main(argv) == 2
+    assert "no-such-profile" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):  # a bad flag after --out: argparse exits once --out was made
+        main(["sim", "--out", str(out), "--agents", "many"])
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "kept").mkdir()
+    assert main(argv[:-1] + [str(tmp_path / "kept")]) == 2
+    assert (tmp_path / "kept").is_dir()  # a directory that was there before stays

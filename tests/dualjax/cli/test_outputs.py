@@ -18,7 +18,7 @@ import pytest
 from dualjax.cli.main import main
 from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
 from dualjax.core.report import REQUEST_COLUMNS, SCHEMA_VERSION
-from dualjax.outputs import OutputError, load_run, read_table, write_table
+from dualjax.outputs import OutputError, load_run, read_table, report_json, write_table
 from dualjax.runtime.launch import run_embedded
 from dualjax.sim import simulate
 from dualjax.sim.profiles import PAPER_H800
@@ -37,6 +37,16 @@ def runs(tmp_path_factory):
     hw = dataclasses.replace(PAPER_H800, prefill_tokens_per_s=1e4)
     simulate(SimConfig(**setting), out=str(d / "sim"), hardware=hw, progress=False)
     return d
+
+
+@pytest.mark.parametrize("name", ["real", "sim"])
+def test_report_json_reads_back_as_written_with_one_line_per_host_series(runs, name):
+    report = load_run(str(runs / name)).report
+    text = report_json(report)
+    assert json.loads(text) == report
+    one_host = report_json({**report, "storage_series": {"h": [[0.0, 1.0], [1.0, 2.0]]}})
+    assert len(text.splitlines()) == len(one_host.splitlines()) + len(report["storage_series"]) - 1
+    assert json.loads(report_json({**report, "storage_series": {}})) == {**report, "storage_series": {}}
 
 
 @pytest.mark.parametrize("name", ["real", "sim"])

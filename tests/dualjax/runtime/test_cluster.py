@@ -128,6 +128,21 @@ def test_a_host_that_sees_another_store_is_refused(tmp_path):
                                     "directory that every host shares"]
 
 
+@needs_hosts
+@pytest.mark.slow
+def test_a_host_that_cannot_see_a_url_store_is_refused(tmp_path):
+    """--store as a kvstore URL: node1's path to it is an empty disk of its own."""
+    shared, empty = tmp_path / "shared-store", tmp_path / "node1-disk"
+    shared.mkdir()
+    empty.mkdir()
+    with Hosts(2, binds={1: [(str(empty), str(shared))]}) as hosts:
+        proc = _on_hosts(hosts, tmp_path, "--cluster", "1p1d", "--store", f"file://{shared}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert _errors(proc.stderr) == [f"dualjax: error: host node1 (rank 2, decode) has no store at file://{shared} (no "
+                                    "dualjax_store.json); rank 0 runs on node0: give --store a store that every host "
+                                    "reaches"]
+
+
 def _version_file() -> str:
     """The file dualjax's version is read from: an installed wheel's METADATA, or the PKG-INFO of the
     egg-info an editable install leaves in the checkout (found first from the repository's directory)."""

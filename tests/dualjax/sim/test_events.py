@@ -1,0 +1,32 @@
+"""The simulator's cost per request: the events a request takes follow from the mechanisms it goes through."""
+
+from dualjax.core.config import ClusterSpec, SimConfig
+from dualjax.sim import build
+
+
+def _run(agents: int):
+    cfg = SimConfig(ClusterSpec(2, 4), workload="paper-32k", agents=agents, turns=4)
+    return build(cfg, progress=False).run()
+
+
+def _mechanism_events(sim) -> tuple[int, int]:
+    """(events every request takes whatever else runs, requests): an agent's first arrival, a storage read
+    per request with hit blocks, a group pass, and per request its KV's arrival at the DE, its first token
+    (after the loopback into HBM) and, generating more than one token, the decode batch's step event."""
+    c = sim.columns()
+    n = sim.n_requests
+    reads = int((c["hit_tokens"] > 0).sum())
+    multi = int((c["gen_len"] > 1).sum())
+    passes = sum(g.passes for g in sim.groups)
+    return len(sim.starts) + reads + passes + 2 * n + multi, n
+
+
+def test_a_lone_agent_takes_one_event_per_mechanism():
+    sim = _run(agents=1)
+    assert sim.events_done == _mechanism_events(sim)[0]
+
+
+def test_concurrent_requests_add_at_most_one_batch_change_each():
+    sim = _run(agents=64)
+    base, n = _mechanism_events(sim)
+    assert base <= sim.events_done <= base + n  # a join re-times its DE's batch: one superseded step event
