@@ -2,9 +2,11 @@
 
 One fixed workload (the tiny model by default, or `--model` a preset or checkpoint directory; 8 agents
 x 6 turns whose prompts cross several blocks)
-runs under PE-only, DE-only, a random path per request and the DualPath scheduler; layerwise on
-and off; embedded and under mpiexec; and as a reference that keeps no store and recomputes every prompt. Every
-store-backed run must produce bit-identical generated tokens, equal to the reference's.
+runs under PE-only, DE-only, a random path per request, the DualPath scheduler and plans (`PlanSweep`:
+every split of a request's hit blocks at a block boundary, and recomputed tails of none, some and all of
+them; the built-in split and recompute policies); layerwise on and off; embedded and under mpiexec; and as
+a reference that keeps no store and recomputes every prompt. Every store-backed run must produce
+bit-identical generated tokens, equal to the reference's.
 
 `--hosts` checks a cluster instead: `--hosts N` on N hosts made as Linux namespaces of the machine verify runs on
 (`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hosts FILE` on the
@@ -18,6 +20,7 @@ directory rank 0's host shares with this one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -27,9 +30,33 @@ import sys
 import time
 
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.core.policies import Plan, Policy
 from dualjax.outputs import load_run
 from dualjax.runtime.launch import launch_mpi, mpiexec_cmd, run_embedded
 
+
+class PlanSweep(Policy):
+    """Every plan a request's hit blocks allow, in turn (verify's policy; stateful, so which request gets
+    which plan depends on the order of placement, the plans made do not). The n-th request with k hit
+    blocks (n from 0): for n <= k, the DE reads the first n blocks and the PE the rest (every block
+    boundary, both ends included: all blocks on one side), nothing recomputed; n = k + 1 recomputes all
+    k; later ones recompute a tail of 1 .. k - 1 blocks in turn and split the rest in the middle."""
+    name = "plan-sweep"
+
+    def __init__(self):
+        self.seen = collections.Counter()
+
+    def path(self, request, pe, de) -> Plan:
+        T = request.block_tokens
+        k = request.hit_tokens // T
+        n, self.seen[k] = self.seen[k], self.seen[k] + 1
+        if n <= k:
+            return Plan(de_tokens=n * T)
+        tail = k if n == k + 1 or k < 2 else 1 + (n - k - 2) % (k - 1)
+        return Plan(de_tokens=(k - tail) // 2 * T, recompute_tokens=tail * T)
+
+
+PLAN_SWEEP = "dualjax.cli.verify:PlanSweep"
 # (name, cluster, policy, layerwise, launcher)
 RUNS = [
     ("pe-layerwise-embedded", "1p1d", "pe-only", True, "embedded"),
@@ -42,8 +69,14 @@ RUNS = [
     ("pe-layerwise-mpiexec", "1p1d", "pe-only", True, "mpiexec"),
     ("de-layerwise-mpiexec", "1p1d", "de-only", True, "mpiexec"),
     ("random-basic-mpiexec", "1p2d", "random", False, "mpiexec"),
+    ("plans-layerwise-embedded", "1p1d", PLAN_SWEEP, True, "embedded"),
+    ("plans-basic-embedded", "1p2d", PLAN_SWEEP, False, "embedded"),
+    ("split-layerwise-embedded", "2p2d", "dualpath-split", True, "embedded"),
+    ("recompute-layerwise-embedded", "2p1d", "dualpath-recompute", True, "embedded"),
+    ("plans-layerwise-mpiexec", "1p2d", PLAN_SWEEP, True, "mpiexec"),
 ]
-QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded")]
+QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded",
+                                     "plans-layerwise-embedded")]
 # (name, cluster, policy, layerwise) of `--hosts`
 HOST_RUNS = [("de-layerwise-1p2d-hosts", "1p2d", "de-only", True),
              ("dualpath-layerwise-2p2d-hosts", "2p2d", "dualpath", True)]
@@ -53,6 +86,20 @@ def tokens_of(out_dir: str) -> dict[tuple[int, int], list[int]]:
     """Each request's generated token ids in a real run's outputs, by (agent, turn)."""
     t = load_run(out_dir, ["agent", "turn", "generated"]).requests
     return {(int(a), int(k)): g.tolist() for a, k, g in zip(t["agent"], t["turn"], t["generated"])}
+
+
+def plans_of(out_dir: str, block_tokens: int) -> dict:
+    """The plans a real run made: requests per path, and per number of hit blocks in the store (k), the
+    DE's share (blocks) of the plans that recomputed nothing and the tails (blocks) recomputed."""
+    t = load_run(out_dir, ["path", "hit_tokens", "de_tokens", "recomputed_tokens"]).requests
+    splits, tails = collections.defaultdict(set), collections.defaultdict(set)
+    for hit, de, rec in zip(t["hit_tokens"], t["de_tokens"], t["recomputed_tokens"]):
+        k = int(hit + rec) // block_tokens
+        if k:
+            (tails[k] if rec else splits[k]).add(int(rec if rec else de) // block_tokens)
+    return {"paths": dict(collections.Counter(str(p) for p in t["path"])),
+            "de_blocks": {k: sorted(v) for k, v in sorted(splits.items())},
+            "recomputed_blocks": {k: sorted(v) for k, v in sorted(tails.items())}}
 
 
 def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bool, launcher: str, out: str):
@@ -88,6 +135,8 @@ def verify(out: str, quick: bool = False, agents: int | None = None, turns: int 
     else:
         for name, cluster, policy, layerwise, launcher in (QUICK if quick else RUNS):
             _compare(result, name, reference, run_one(base, name, cluster, policy, layerwise, launcher, out))
+            if policy == PLAN_SWEEP:
+                result.setdefault("plans", {})[name] = plans_of(os.path.join(out, name), base.block_tokens)
     result["identical"] = not result["mismatches"]
     result["wall_s"] = time.time() - t0
     return result

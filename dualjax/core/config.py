@@ -197,7 +197,7 @@ class Settings:
     agents: int | None = setting(None, "override the preset's number of agents")
     turns: int | None = setting(None, "override the preset's turns per agent")
     policy: str = setting("dualpath", "read-path policy: basic, pe-only, de-only, round-robin, random, dualpath, "
-                          "or pkg.module:ClassName")
+                          "dualpath-split, dualpath-recompute (plans: docs/policies.md), or pkg.module:ClassName")
     aps: float | None = setting(None, "online mode: agents arrive as a Poisson process at APS agents/s")
     layerwise: bool | None = setting(None, "layerwise prefill (default: the policy's; Basic is not layerwise)")
     use_store: bool = setting(True, "reference run: no store, every prompt recomputed", negate="--no-store")

@@ -87,7 +87,7 @@ def snic_balance(hosts: list[HostStats], window_s: float = 1.0, steady: bool = T
     return float(np.mean(m[:, busy].max(axis=0) / m[:, busy].mean(axis=0)))
 
 
-SCHEMA_VERSION = 1  # of report.json and the request table (docs/report.md); a change of either bumps it
+SCHEMA_VERSION = 2  # of report.json and the request table (docs/report.md); a change of either bumps it
 
 # The request table (requests.parquet, docs/report.md): name -> (kind, unit, meaning). Real and simulated runs
 # write every column; one a source does not measure is null there.
@@ -97,8 +97,13 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
     "turn": ("int", "", "turn of the agent, from 0"),
     "prompt_tokens": ("int", "tokens", "prompt length"),
     "hit_tokens": ("int", "tokens", "prompt tokens whose KV was read from storage (whole blocks)"),
+    "de_tokens": ("int", "tokens", "of hit_tokens, those the decode host read and relayed (the rest the prefill "
+                  "host read)"),
+    "recomputed_tokens": ("int", "tokens", "prompt tokens whose KV was in the store but which the request's plan "
+                          "recomputed instead of loading (whole blocks, the tail of the stored prefix)"),
     "gen_len": ("int", "tokens", "tokens the request generates"),
-    "path": ("str", "", "read path of the hit KV: pe, de, or none (a run without a store)"),
+    "path": ("str", "", "read path of the hit KV: pe, de, split (both sides read a share), or none (a run without "
+             "a store)"),
     "pe": ("int", "rank", "prefill engine"),
     "de": ("int", "rank", "decode engine"),
     "restarts": ("int", "", "times the prefill restarted with fewer hit blocks (bad blocks found mid-read)"),
@@ -116,7 +121,7 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
                   "(its batch formed, with memory); null in real runs and layerwise prefill"),
     "generated": ("ids", "token ids", "real runs: the generated token ids; null when simulated"),
 }
-PATHS = ("pe", "de", "none")
+PATHS = ("pe", "de", "split", "none")
 
 
 def columns(records: list[dict]) -> dict[str, np.ndarray]:
@@ -155,7 +160,8 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
     """report.json's run metrics (docs/report.md) from the request table's columns and per-host stats;
     `build_report` adds the rest."""
     jct = float(cols["done"].max() - cols["arrival"].min())
-    gen, prompt, hit = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens"))
+    gen, prompt, hit, de, recomputed = (float(cols[k].sum()) for k in ("gen_len", "prompt_tokens", "hit_tokens",
+                                                                       "de_tokens", "recomputed_tokens"))
     tpot = cols["tpot"]
     per_host = []
     for h in hosts:
@@ -168,7 +174,7 @@ def summarize(cols: dict[str, np.ndarray], hosts: list[HostStats], cfg, policy: 
         "config": settings_json(cfg)[0],
         "policy": policy, "requests": len(cols["done"]), "jct_s": jct, "generated_tokens": int(gen),
         "tokens_per_s": gen / jct if jct else None, "prompt_tokens": int(prompt), "hit_tokens": int(hit),
-        "hit_rate": hit / prompt if prompt else 0.0,
+        "hit_rate": hit / prompt if prompt else 0.0, "de_tokens": int(de), "recomputed_tokens": int(recomputed),
         "ttft_s": _stats(cols["ttft"]), "ttst_s": _stats(cols["ttst"]), "tpot_s": _stats(tpot),
         "slo": {"ttft_s": slo[0], "tpot_s": slo[1], "attained": float(np.mean(
             (cols["ttft"] <= slo[0]) & (np.isnan(tpot) | (tpot <= slo[1]))))},

@@ -10,7 +10,10 @@ global FIFO queue; policies see plain `EngineView` snapshots:
   longest head of the waiting queue (from r on) that fits the group's free memory and
   Z = 1.05 * (sum of len over R + sum of tokens) / |E|; among DEs with memory for r prefer
   tokens + len(r) <= Z, picking min seq, else min tokens; none with memory -> stop.
-* Read path: the policy decides (DualPath: the side whose node has the shorter read queue).
+* Read path: the policy decides (DualPath: the side whose node has the shorter read queue), or a
+  `Plan` splits the hit blocks between the two sides and recomputes a tail of them: each node's read
+  queue takes its side's share, and the PE's tokens count every recomputed token as a new one
+  (`Thresholds.new_token_weight` prompt tokens).
 
 alpha = tokens a storage NIC reads in 3 s, beta = tokens an engine prefills in 5 s, both from
 profiled rates. Requests are placed one at a time in FIFO order; a request whose DE group has
@@ -24,11 +27,14 @@ import dataclasses
 import heapq
 import itertools
 import math
+import typing
 from collections import OrderedDict
 
 import numpy as np
 
-from dualjax.core.policies import Policy
+from dualjax.core.policies import Plan, Policy, as_plan
+
+ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: tokens a PE prefills in 5 s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +46,10 @@ class EngineView:
     tokens: int = 0
     read_q_tokens: int = 0  # of its node's storage NIC
     free_tokens: int | None = None  # DE: KV tokens it can still take; None: no limit
+    read_tokens_per_s: float | None = None  # its node's storage NIC (scheduler: alpha / 3 s unless given)
+    prefill_tokens_per_s: float | None = None  # a PE: prompt tokens it prefills per second (beta / 5 s)
+    # a PE: predicted seconds of a one-row pass, prefill_s(cached, new) (its packing fit); None: unknown
+    prefill_s: typing.Callable[[int, int], float] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +60,7 @@ class RequestView:
     prompt_tokens: int
     hit_tokens: int
     gen_len: int
+    block_tokens: int = 64  # the store's block: a Plan splits and recomputes whole blocks
 
     @property
     def miss_tokens(self) -> int:
@@ -65,22 +76,35 @@ class Decision:
     request: RequestView
     pe: int
     de: int
-    path: str  # "pe" | "de"
+    path: str  # "pe" | "de" | "split" (the request table's label)
+    plan: Plan = Plan()  # who reads which hit blocks, and the tail recomputed
+    pe_tokens: int = 0  # what the PE's tokens took: the owner gives them back when its prefill ends
 
 
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
     alpha_tokens: float  # tokens one storage NIC reads in 3 s
     beta_tokens: float  # tokens one PE prefills in 5 s
+    new_token_weight: float = 1.0  # prompt tokens one recomputed (new rather than cached) token counts as
 
     @classmethod
     def from_rates(cls, snic_bytes_per_s: float, kv_bytes_per_token: float, prefill_tokens_per_s: float,
                    measured_at: tuple[int, int] = (1024, 256)):
         """`prefill_tokens_per_s`: new tokens per second of passes whose rows have `measured_at` = (cached,
         new) tokens (the shape `dualjax.runtime.startup.prefill_tokens_per_s` measures). A PE's tokens are
-        its requests' prompt tokens (docs/paper.md §7), so beta counts a row's cached + new tokens per new one."""
+        its requests' prompt tokens (docs/paper.md §7), so beta counts a row's cached + new tokens per new
+        one, and a recomputed token, new work where a loaded one was cached, counts as that many."""
         cached, new = measured_at
-        return cls(3.0 * snic_bytes_per_s / kv_bytes_per_token, 5.0 * prefill_tokens_per_s * (cached + new) / new)
+        ratio = (cached + new) / new
+        return cls(ALPHA_S * snic_bytes_per_s / kv_bytes_per_token, BETA_S * prefill_tokens_per_s * ratio, ratio)
+
+    @property
+    def read_tokens_per_s(self) -> float:
+        return self.alpha_tokens / ALPHA_S
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.beta_tokens / BETA_S
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
@@ -198,6 +222,10 @@ class Scheduler:
         self.seq = [e.seq for e in engines]
         self.tokens = [e.tokens for e in engines]
         self.free = [math.inf if e.free_tokens is None else e.free_tokens for e in engines]
+        self.read_rate = [e.read_tokens_per_s or thresholds.read_tokens_per_s for e in engines]
+        self.prefill_rate = [(e.prefill_tokens_per_s or thresholds.prefill_tokens_per_s) if e.role == "prefill"
+                             else None for e in engines]
+        self.prefill_s = [e.prefill_s for e in engines]
         nodes = sorted({e.node for e in engines})
         self.node_ids = nodes
         self.node_index = {n: i for i, n in enumerate(nodes)}
@@ -246,7 +274,8 @@ class Scheduler:
     def view(self, rank: int) -> EngineView:
         i = self.index[rank]
         return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], self.seq[i], self.tokens[i],
-                          self.read_q[self.node_of[i]], None if self.free[i] == math.inf else self.free[i])
+                          self.read_q[self.node_of[i]], None if self.free[i] == math.inf else self.free[i],
+                          self.read_rate[i], self.prefill_rate[i], self.prefill_s[i])
 
     def _views(self) -> tuple[list[EngineView], list[EngineView]]:
         views = [self.view(r) for r in self.ranks]
@@ -359,14 +388,15 @@ class Scheduler:
         self._seen = waiting.appended
 
     def _decide(self, r: RequestView, pe: int, de: int) -> Decision:
-        path = self.policy.path(r, self.view(pe), self.view(de))
-        if path not in ("pe", "de"):
-            raise ValueError(f"policy {self.policy.name!r} chose path {path!r}; a path is 'pe' or 'de'")
-        self.update(pe, 1, r.prompt_tokens)
+        plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
+        pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
+        self.update(pe, 1, pe_tokens)
         self.update(de, 1, r.total_tokens)
-        n = self.node_of[self.index[pe if path == "pe" else de]]
-        self._set_read_q(n, self.read_q[n] + r.hit_tokens)
-        return Decision(r, pe, de, path)
+        for rank, share in ((pe, plan.pe_tokens(r)), (de, plan.de_tokens)):
+            if share:
+                n = self.node_of[self.index[rank]]
+                self._set_read_q(n, self.read_q[n] + share)
+        return Decision(r, pe, de, path, plan, pe_tokens)
 
     def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
         """No alpha, beta or Z: the next PE and the next DE with memory for the request, round robin."""

@@ -1,8 +1,9 @@
 """The decode host (DE): holds prompt KV in its DE buffer, decodes, writes full blocks back.
 
 Per request: reserve DE buffer room (FIFO; a request that does not fit waits) and tell the PE;
-on the DE read path also read the hit blocks through this host's storage NIC and relay them to
-the PE layer by layer (once the PE has room). Layer KV from the PE is merged into the buffer.
+on the DE read path (or for the DE's share of a split plan) also read those hit blocks through this
+host's storage NIC and relay them to the PE layer by layer (once the PE has room). Layer KV from the
+PE is merged into the buffer.
 When prefill is done the prompt KV moves into a decode slot; all slots decode together (fixed
 shapes, so a request's tokens do not depend on its neighbours); every block that fills (prompt
 or generated tokens) is written to the store by a writer thread, and `Complete` goes to rank 0
@@ -72,7 +73,7 @@ class _Finished:
 
 
 class DecodeHost(Host):
-    role, reads_on = "decode", "de"
+    role = "decode"
 
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
@@ -123,14 +124,14 @@ class DecodeHost(Host):
             live = _Live(a, RequestKV(self.layout, a.request.prompt_len, self.buffer.pool), nbytes)
             self.live[a.request.id] = live
             self.transport.send(a.pe, Ready(a.request.id))
-            if a.path == "de" and a.hit_blocks:
-                hashes = [b.hash for b in live.ids[:a.hit_blocks]]
-                ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.hit_blocks], layer_major=a.layerwise)
+            if a.de_blocks:  # the leading hit blocks this DE reads and relays (all of them on the DE path)
+                hashes = [b.hash for b in live.ids[:a.de_blocks]]
+                ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.de_blocks], layer_major=a.layerwise)
                 self.spawn(self._relay, live, ticket, name=f"relay{a.request.id}")
             self.expect_read(a, -1)
 
     def _relay(self, live: _Live, ticket) -> None:
-        """DE read path: send each layer's hit KV to the PE as soon as it is in the DE buffer."""
+        """Send each layer of the blocks this DE reads to the PE as soon as it is in the DE buffer."""
         a = live.a
         ready = shared(self.pe_ready, a.request.id, threading.Event)
         while not ready.wait(0.1):
@@ -142,7 +143,7 @@ class DecodeHost(Host):
         for layer in range(self.layout.n_layers):
             valid = ticket.wait_layer(layer)
             # the layer's slice of the hit blocks as it lies in the buffer: the transport sends it without a gather
-            self.transport.send(a.pe, LayerKV(a.request.id, layer, 0, live.rkv.layer_view(layer, a.hit_blocks), valid))
+            self.transport.send(a.pe, LayerKV(a.request.id, layer, 0, live.rkv.layer_view(layer, a.de_blocks), valid))
 
     # -- decoding ---------------------------------------------------------------------------------
     def _decode_loop(self) -> None:
@@ -185,8 +186,10 @@ class DecodeHost(Host):
             self.cache = self.cache.insert(i, live.rkv.sequence())
             live.tokens, live.token_times = [done.first_token], [live.times["first_token"]]
             full = live.a.request.prompt_len // T
-            new = list(range(done.hit_blocks, full)) if self.store else []
-            # Prompt blocks the store lacks, straight from the DE buffer; the buffer is freed after.
+            # Prompt blocks the store lacks, straight from the DE buffer; the buffer is freed after. The store
+            # holds the plan's recomputed blocks already, unless a bad block restarted the prefill before them.
+            have = live.a.stored_blocks if done.hit_blocks == live.a.hit_blocks else done.hit_blocks
+            new = list(range(have, full)) if self.store else []
             self.write_q.put(_WriteBack([live.ids[b] for b in new], live.rkv.blocks[new], live.nbytes))
             if live.a.request.gen_len <= 1:
                 self._finish(live)

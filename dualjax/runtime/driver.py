@@ -16,6 +16,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
 from dualjax.core.policies import Policy, layerwise_for
 from dualjax.core.records import HostStats
@@ -37,11 +38,14 @@ from kvstore import BlockStore, block_chain
 
 class Driver:
     def __init__(self, transport: Transport, cfg: RunConfig, agents: list[Agent], layout, store: BlockStore | None,
-                 policy: Policy, thresholds: Thresholds, de_capacity_tokens: int | None = None, progress: bool = True):
+                 policy: Policy, thresholds: Thresholds, de_capacity_tokens: int | None = None, progress: bool = True,
+                 fits: dict[int, AttentionFit] | None = None):
+        """`fits`: each PE's packing fit by rank (what policies see as a PE view's `prefill_s`)."""
         self.transport, self.cfg, self.layout, self.store, self.policy = transport, cfg, layout, store, policy
         self.agents = agents
-        c = cfg.cluster  # one engine per host: a host is its own node
-        self.scheduler = Scheduler(policy, thresholds, [EngineView(r, "prefill", r) for r in c.prefill_ranks] +
+        c, fits = cfg.cluster, fits or {}  # one engine per host: a host is its own node
+        pes = [EngineView(r, "prefill", r, prefill_s=fits[r].predict if r in fits else None) for r in c.prefill_ranks]
+        self.scheduler = Scheduler(policy, thresholds, pes +
                                    [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks],
                                    naive=cfg.scheduler == "naive")
         self.context = [np.zeros(0, np.int32) for _ in agents]
@@ -63,17 +67,19 @@ class Driver:
             hit = self.store.match_prefix([b.hash for b in block_chain(prompt, self.layout)[:max_hit]])
         self.requests[req.id] = req
         self.waiting.append(RequestView(req.id, agent, turn, req.prompt_len, hit * self.layout.block_tokens,
-                                        req.gen_len))
+                                        req.gen_len, self.layout.block_tokens))
         self.records[req.id] = {"id": req.id, "agent": agent, "turn": turn, "prompt_tokens": req.prompt_len,
                                 "gen_len": req.gen_len, "planned_hit_blocks": hit, "arrival": req.arrival}
 
     def _dispatch(self) -> None:
+        T = self.layout.block_tokens
         for d in self.scheduler.schedule(self.waiting):
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
-            a = Assign(req, d.pe, d.de, path, r.hit_tokens // self.layout.block_tokens,
-                       layerwise_for(self.policy, self.cfg.layerwise), time.time())
-            self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled)
+            a = Assign(req, d.pe, d.de, path, d.plan.loaded(r) // T, layerwise_for(self.policy, self.cfg.layerwise),
+                       time.time(), d.plan.de_tokens // T, r.hit_tokens // T)
+            self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled, pe_load=d.pe_tokens,
+                                      de_tokens=d.plan.de_tokens, recomputed_tokens=d.plan.recompute_tokens)
             self.transport.send(d.pe, a)
             self.transport.send(d.de, a)
 
@@ -81,7 +87,7 @@ class Driver:
         rec, req = self.records[msg.request_id], self.requests.pop(msg.request_id)
         T = self.layout.block_tokens
         rec.update(hit_tokens=msg.hit_blocks * T, miss_tokens=rec["prompt_tokens"] - msg.hit_blocks * T,
-                   generated=msg.tokens, **msg.times)
+                   de_tokens=min(rec["de_tokens"], msg.hit_blocks * T), generated=msg.tokens, **msg.times)
         self.scheduler.update(rec["de"], -1, -(req.prompt_len + req.gen_len))
         agent, turn = rec["agent"], rec["turn"]
         self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])
@@ -117,7 +123,7 @@ class Driver:
                     bar.update()
                 elif isinstance(msg, PrefillFinished):  # the request's tokens leave the PE's load
                     rec = self.records[msg.request_id]
-                    self.scheduler.update(rec["pe"], -1, -rec["prompt_tokens"])
+                    self.scheduler.update(rec["pe"], -1, -rec["pe_load"])
                 elif isinstance(msg, EngineState):
                     self.scheduler.set_read_queue(msg.rank, msg.read_q_tokens)
                 else:

@@ -4,6 +4,7 @@ threads whose exceptions end the whole job (never a hang)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -37,8 +38,8 @@ def shared(d: dict, key, make):
 
 class Host:
     role = "host"
-    reads_on = ""  # the read path ("pe" or "de") whose hit blocks this kind of host reads
     prefill_rate: float | None = None  # a PE's measured prefill tokens/s, sent with `Warm`
+    fit = None  # a PE's packing fit (`AttentionFit`), sent with `Warm`
 
     def __init__(self, transport: Transport, cfg: RunConfig, params=None):
         self.created = time.perf_counter()  # start-up is reported apart from the run (`Warm`)
@@ -93,8 +94,7 @@ class Host:
     def expect_read(self, a, sign: int = 1) -> None:
         """Count (sign=1) or uncount (-1) the hit tokens of `a` that this host will read but has not
         queued at its NIC yet: they are part of the read queue the scheduler sees."""
-        if a.path == self.reads_on:
-            self.pending_read_tokens += sign * a.hit_blocks * self.layout.block_tokens
+        self.pending_read_tokens += sign * a.reads(self.role) * self.layout.block_tokens
 
     def _report_loop(self, period_s: float = 0.02) -> None:
         """Tell rank 0 this node's storage read queue whenever it changes (the scheduler balances it)."""
@@ -115,7 +115,8 @@ class Host:
             t0 = time.perf_counter()
             self.warm_up()
             now = time.perf_counter()
-            self.transport.send(0, Warm(self.rank, now - self.created, now - t0, self.prefill_rate))
+            fit = dataclasses.astuple(self.fit) if self.fit is not None else None
+            self.transport.send(0, Warm(self.rank, now - self.created, now - t0, self.prefill_rate, fit))
             while not self.stop.is_set():
                 got = self.transport.recv(timeout=0.1)
                 if got is None:

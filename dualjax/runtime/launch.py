@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from dualjax.core.batching import AttentionFit
 from dualjax.core.config import ConfigError, RunConfig
 from dualjax.core.policies import Policy, get_policy
 from dualjax.core.report import build_report
@@ -56,8 +57,9 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     rate = statistics.median(w.prefill_tokens_per_s for w in warm.values() if w.prefill_tokens_per_s)
     th = thresholds(cfg, rate)
     startup = startup_report(warm, time.perf_counter() - t_start)
+    fits = {r: AttentionFit(*w.pack_fit) for r, w in warm.items() if w.pack_fit is not None}
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
-                    cfg.decode_slots * decode_capacity(cfg, model_cfg), progress)
+                    cfg.decode_slots * decode_capacity(cfg, model_cfg), progress, fits)
     cols, hosts = real_columns(*driver.run())
     workload = workload_report(cfg.workload, cfg.agents, cfg.workload_seed, model_cfg.max_seq_len, cfg.block_tokens)
     own = {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": rate, "startup": startup,

@@ -29,15 +29,23 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Assign:
-    """Rank 0 -> PE and DE: who serves `request`, over which read path, with how many hit blocks."""
+    """Rank 0 -> PE and DE: who serves `request` and its plan: of its `stored_blocks` leading blocks in
+    the store, the first `hit_blocks` are loaded (the DE reads the first `de_blocks` of them and relays
+    them, the PE reads the rest) and the others are recomputed with the miss tokens."""
 
     request: Request
     pe: int
     de: int
-    path: str  # "pe" | "de" | "none" (no store)
+    path: str  # "pe" | "de" | "split" | "none" (no store): the request table's label
     hit_blocks: int
     layerwise: bool
     scheduled: float
+    de_blocks: int = 0
+    stored_blocks: int = 0
+
+    def reads(self, role: str) -> int:
+        """Hit blocks the host of `role` ("prefill" or "decode") reads from storage."""
+        return self.de_blocks if role == "decode" else self.hit_blocks - self.de_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,3 +122,4 @@ class Warm:
     startup_s: float  # from the host's creation to now
     compile_s: float  # of which compiling the workload's programs
     prefill_tokens_per_s: float | None = None  # a PE's profile (`startup.prefill_tokens_per_s`), for the thresholds
+    pack_fit: tuple[float, float, float] | None = None  # a PE's packing fit (`AttentionFit`), for the policies

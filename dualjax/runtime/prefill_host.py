@@ -4,14 +4,17 @@ Prefill runs in passes: each packs requests FIFO while the predicted time of one
 over the batch (a fit profiled on this engine) stays within the compute quota, chunking the request
 that would overflow (docs/paper.md §7; `scheduler` naive: no quota, every ready request), and
 computes them as rows of one layerwise prefill. For each layer it sends each row's KV to its DE:
-hit **and** miss tokens on the PE path, only the miss tokens on the DE path (docs/paper.md §3). A
-request's chunks hold at most `prefill_chunk` tokens, which bounds attention memory. How the hit KV
-gets in, as in the simulator (`dualjax.sim.prefill`):
+the miss tokens, and the hit tokens this host read (all of them on the PE path, none on the DE path,
+docs/paper.md §3). A request's plan (`Assign`) may split its hit blocks: the DE reads and relays the
+leading ones, this host reads the rest, and each layer's prefix is the relayed part then its own. Hit
+blocks the plan recomputes are not loaded: they start the row's new tokens. A request's chunks hold
+at most `prefill_chunk` tokens, which bounds attention memory. How the hit KV gets in, as in the
+simulator (`dualjax.sim.prefill`):
 
-* Layerwise prefill: per request, FIFO, reserve PE buffer room, then either read the hit blocks
-  through this host's storage NIC (PE read path) or tell the DE to relay them layer by layer (DE
-  read path); a pass takes the requests loaded, and the oldest while it loads (layer l+1 arrives
-  while layer l computes). Device memory (`pe_hbm_mb`) holds `layerwise_layers` layers of a pass.
+* Layerwise prefill: per request, FIFO, reserve PE buffer room, then read this host's share of the
+  hit blocks through its storage NIC and tell the DE to relay its share layer by layer; a pass takes
+  the requests loaded, and the oldest while it loads (layer l+1 arrives while layer l computes).
+  Device memory (`pe_hbm_mb`) holds `layerwise_layers` layers of a pass.
 * Without it (the Basic baseline): a batch is packed from the requests whose DE has room, cut to the
   memory left, and only then loaded (its reads started, or the DE told to relay); it computes once
   every row is loaded. `basic_ahead` batches may load while one computes; with `basic_lands` hbm
@@ -91,7 +94,7 @@ class _Row:
 
 
 class PrefillHost(Host):
-    role, reads_on = "prefill", "pe"
+    role = "prefill"
 
     def __init__(self, transport, cfg, params=None):
         super().__init__(transport, cfg, params)
@@ -138,14 +141,14 @@ class PrefillHost(Host):
             self.work_q.put(row)
 
     def _load(self, row: _Row, nbytes: int) -> None:
-        """Start a row's load into the `nbytes` of buffer it holds: the storage read, or (DE path) the DE
-        told to relay."""
+        """Start a row's load into the `nbytes` of buffer it holds: the storage read of this host's share of
+        the hit blocks, and the DE told to relay its share."""
         a = row.a
         rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens, self.buffer.pool), None
-        if a.path == "pe" and a.hit_blocks:
-            hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[:a.hit_blocks]]
-            ticket = self.snic.read(self.store, hashes, out=rkv.blocks, layer_major=a.layerwise)
-        elif a.path == "de":  # the DE reads; tell it we have room for its relay
+        if a.reads(self.role):
+            hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[a.de_blocks:a.hit_blocks]]
+            ticket = self.snic.read(self.store, hashes, out=rkv.blocks[a.de_blocks:], layer_major=a.layerwise)
+        if a.de_blocks:  # the DE reads its share; tell it we have room for its relay
             self.transport.send(a.de, Ready(a.request.id))
         self.expect_read(a, -1)
         row.attach(rkv, ticket, nbytes, *self._layer_source(a, rkv, ticket))
@@ -248,21 +251,25 @@ class PrefillHost(Host):
         return [r for i, r in enumerate(ready) if r.loaded() or (i == 0 and r.a.layerwise)]
 
     def _layer_source(self, a: Assign, rkv: RequestKV, ticket):
-        """(fn(layer) -> (valid blocks, hit KV [planned*T, *record]), fn() -> all loaded?) for this path."""
-        T, inbox = self.layout.block_tokens, shared(self.inboxes, a.request.id, _Inbox)
+        """(fn(layer) -> (valid blocks, relayed KV or None, own KV), fn() -> all loaded?): a layer's hit KV is
+        the DE's relay of the first `de_blocks` blocks [de_blocks*T, *record], then what this host read of
+        the rest [(hit_blocks - de_blocks)*T, *record]; valid counts leading good blocks over both."""
+        T, L, inbox = self.layout.block_tokens, self.layout.n_layers, shared(self.inboxes, a.request.id, _Inbox)
+        de = a.de_blocks
 
-        def from_store(layer):
-            valid = ticket.wait_layer(layer) if ticket else 0
-            return valid, rkv.layer(layer, a.hit_blocks * T)
+        def source(layer):
+            relay, valid = None, de
+            if de:
+                inbox.wait(lambda: layer in inbox.layers, self.stop)
+                msg = inbox.layers[layer]
+                relay, valid = msg.kv.reshape(-1, *self.layout.record_shape), msg.valid  # [blocks, T, ...] -> tokens
+            if ticket and valid == de:
+                valid = de + ticket.wait_layer(layer)
+            return valid, relay, rkv.layer(layer, a.hit_blocks * T)[de * T:]
 
-        def from_relay(layer):
-            inbox.wait(lambda: layer in inbox.layers, self.stop)
-            msg = inbox.layers[layer]
-            return msg.valid, msg.kv.reshape(-1, *self.layout.record_shape)  # [blocks, T, ...] -> [tokens, ...]
-
-        if a.path == "de" and a.hit_blocks:
-            return from_relay, lambda: len(inbox.layers) == self.layout.n_layers
-        return from_store, (lambda: ticket.layers_done >= self.layout.n_layers) if ticket else (lambda: True)
+        def loaded() -> bool:
+            return (not de or len(inbox.layers) == L) and (not ticket or ticket.layers_done >= L)
+        return source, loaded
 
     def _pass(self, plan: list[tuple["_Row", int]]) -> list["_Row"]:
         """One prefill pass over (row, new tokens) pairs; returns the rows whose prefill finished.
@@ -276,10 +283,10 @@ class PrefillHost(Host):
         fresh: list[list[np.ndarray]] = [[] for _ in plan]  # per row: this pass's KV, by layer
         previous = None
         for layer in range(L):
-            hits = []
+            hits = []  # per row: (relayed KV or None, own KV)
             for r, _ in plan:
-                valid, hit_kv = r.source(layer)
-                if r.a.path != "none" and valid < r.hit:
+                valid, *hit_kv = r.source(layer)
+                if valid < r.hit:
                     r.restart(valid, self.layout)
                     return []
                 hits.append(hit_kv)
@@ -301,27 +308,41 @@ class PrefillHost(Host):
                 finished.append(r)
         return finished
 
+    @staticmethod
+    def _hit_pieces(r: "_Row", relay, own) -> list[np.ndarray]:
+        """A row's hit KV in use ([0, r.start) tokens) as arrays to concatenate: the relayed part, then
+        its own; never empty (an empty own part when it has no hit)."""
+        de = 0 if relay is None else relay.shape[0]
+        pieces = [relay[:r.start]] if relay is not None else []
+        if r.start > de or not pieces:
+            pieces.append(own[:max(0, r.start - de)])
+        return pieces
+
     def _prefix(self, lw: Layerwise, plan, layer: int, hits) -> np.ndarray:
-        """Layer `layer`'s prefix KV of every row: its hit KV then the KV of its chunks computed so
-        far, zero-padded, assembled in the pass's own buffer (`lw.prefix_buffer()`, which the pass
-        takes uncopied). A lone row with no computed chunk is its hit KV as it lies in the PE
-        buffer (a view: no gather; the pass copies it once)."""
+        """Layer `layer`'s prefix KV of every row: its hit KV (relayed, then its own) then the KV of its
+        chunks computed so far, zero-padded, assembled in the pass's own buffer (`lw.prefix_buffer()`,
+        which the pass takes uncopied). A lone row with no computed chunk and its hit KV in one piece
+        is that piece as it lies in the PE buffer or the relay (a view: no gather; the pass copies it once)."""
         first = plan[0][0]
         if len(plan) == 1 and first.next == first.start:
-            return hits[0][None, :first.start]
+            pieces = self._hit_pieces(first, *hits[0])
+            if len(pieces) == 1:
+                return pieces[0][None]
         prefix = lw.prefix_buffer()
         for b, (r, _) in enumerate(plan):
-            np.concatenate([hits[b][:r.start], *r.done[layer]], out=prefix[b, :r.next])  # no temporary
+            np.concatenate([*self._hit_pieces(r, *hits[b]), *r.done[layer]], out=prefix[b, :r.next])  # no temporary
         return prefix
 
     def _send_layer(self, plan, fresh, layer: int, hits, kv) -> None:
-        """Send each row's layer KV to its DE (on the PE path with a row's first chunk, the hit
-        tokens' KV too) and keep it as host arrays in `fresh`. The layer's KV comes to the host
+        """Send each row's layer KV to its DE (with a row's first chunk, the KV of the hit tokens this host
+        read, which the DE lacks) and keep it as host arrays in `fresh`. The layer's KV comes to the host
         once, by the copy started when it was dispatched; rows are views of it."""
         host = np.asarray(kv)
+        T = self.layout.block_tokens
         for b, (r, n) in enumerate(plan):
-            if r.a.path != "de" and r.start and r.next == r.start:
-                self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, 0, hits[b][:r.start]))
+            de = r.a.de_blocks * T
+            if r.start > de and r.next == r.start:
+                self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, de, hits[b][1][:r.start - de]))
             miss = host[b, :n]
             self.transport.send(r.a.de, LayerKV(r.a.request.id, layer, r.next, miss))
             fresh[b].append(miss)

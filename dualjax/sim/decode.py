@@ -155,8 +155,9 @@ class DecodeSide:
             c["tpot"][rid] = (now - c["first_token"][rid]) / (gen - 1)
         else:
             c["second_token"][rid] = np.nan
-        if self.cfg.use_store:  # every block that filled, the prompt's new ones first
-            de.node.write_bytes += ((prompt + gen - 1) // self.T - hit // self.T) * self.T * self.kvb
+        if self.cfg.use_store:  # every block that filled and the store lacks (a plan's recomputed tail it holds)
+            stored = (hit + c["recomputed_tokens"][rid]) // self.T
+            de.node.write_bytes += ((prompt + gen - 1) // self.T - stored) * self.T * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))
         self.dirty = True
         self.completed += 1

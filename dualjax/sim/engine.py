@@ -9,11 +9,12 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
 
 1. it arrives (agents: offline all at 0, online Poisson; the next turn starts when the previous
    one completes, after an optional think time) and waits in the scheduler's FIFO queue;
-2. the scheduler places it (PE, DE, path) exactly as in a real run; the DE buffer takes its
-   prompt KV; layerwise, the reading side's storage NIC then reads its hit blocks into the PE or DE
-   buffer; Basic waits on its PE for a batch to be formed and loaded (`prefill.py`);
+2. the scheduler places it (PE, DE, path or plan) exactly as in a real run; the DE buffer takes its
+   prompt KV; layerwise, each reading side's storage NIC then reads its share of the hit blocks into
+   the PE or DE buffer (a plan's recomputed tail is not read: it is prefill work); Basic waits on its
+   PE for a batch to be formed and loaded (`prefill.py`);
 3. PEs step in groups and pack passes with the runtime's `batching.pack` (`prefill.py`);
-4. the prefill's KV goes to the DE buffer (hit + miss on the PE path, miss only on the DE path),
+4. the prefill's KV goes to the DE buffer (all but the hit tokens the DE read itself),
    then into the DE's HBM, and the DE decodes it in a continuous batch (`decode.py`).
 
 Hits follow the runtime's store: a turn hits every full block of the agent's previous context
@@ -42,10 +43,11 @@ from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
 
-PATH_CODES = {"pe": 0, "de": 1, "none": 2}
+PATH_CODES = {"pe": 0, "de": 1, "none": 2, "split": 3}
 FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "second_token", "done",
                  "tpot", "load_wait")
-INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "pe", "de", "path", "restarts")
+INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "de_tokens", "recomputed_tokens", "pe", "de",
+               "path", "restarts")
 _TYPECODE = {k: "d" for k in FLOAT_COLUMNS} | {k: "q" for k in INT_COLUMNS}  # float64 and int64, as numpy's
 
 
@@ -135,7 +137,7 @@ class Simulation(PrefillSide, DecodeSide):
                                 raise SimError(self._no_memory(size * g))
                             e = PrefillEngine(rank, node, tx, rx, Buffer(f"PE {rank} HBM", budget))
                             members.append(e)
-                            views.append(EngineView(rank, role, node.id))
+                            views.append(EngineView(rank, role, node.id, prefill_s=costs.one_row_s))
                         else:
                             mem = costs.de_memory_tokens()
                             if mem <= 0:
@@ -228,7 +230,7 @@ class Simulation(PrefillSide, DecodeSide):
         c = self.cols
         c["agent"][rid], c["turn"][rid], c["prompt_tokens"][rid] = agent, k, prompt
         c["gen_len"][rid], c["hit_tokens"][rid], c["arrival"][rid] = gen, hit, self.now
-        self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen))
+        self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen, self.T))
         self.dirty = True
 
     def _schedule(self) -> None:
@@ -241,47 +243,59 @@ class Simulation(PrefillSide, DecodeSide):
                 self.de_mem_peak = max(self.de_mem_peak, sch.tokens[i] / (sch.tokens[i] + sch.free[i]))
 
     def _place(self, d) -> None:
-        r, c = d.request, self.cols
+        """Put a placed request on its PE with its plan: the hit tokens loaded (the DE's share first), the
+        recomputed tail computed with the misses."""
+        r, c, plan = d.request, self.cols, d.plan
         rid = r.id
         pe, de = self.engines[d.pe], self.engines[d.de]
         path = d.path if self.cfg.use_store else "none"
         c["scheduled"][rid], c["pe"][rid], c["de"][rid], c["path"][rid] = self.now, d.pe, d.de, PATH_CODES[path]
-        row = Row(rid, r.hit_tokens, r.miss_tokens, path)
+        c["hit_tokens"][rid], c["de_tokens"][rid] = plan.loaded(r), plan.de_tokens
+        c["recomputed_tokens"][rid] = plan.recompute_tokens
+        row = Row(rid, plan.loaded(r), r.miss_tokens + plan.recompute_tokens, path, plan.de_tokens, d.pe_tokens)
         pe.rows.append(row)
         de.node.buffer.reserve(r.prompt_tokens * self.kvb, lambda: self._admitted(row, pe, de))
 
     def _admitted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
-        """The DE buffer holds room for the prompt's KV. Layerwise: read the hit blocks (on the PE path once
-        the PE buffer has room for them); Basic: the DE path reads into the DE buffer now, and the PE forms
-        and loads its batches (`PrefillSide._form`)."""
+        """The DE buffer holds room for the prompt's KV. The DE's share of the hit blocks is read into it now;
+        layerwise, the PE's share once the PE buffer has room for it (the row's read spans both); Basic: the
+        PE forms and loads its batches (`PrefillSide._form`)."""
+        own, de_reads = row.cached - row.de, row.de or row.path == "de"
+        if de_reads:
+            self._read(row, de.node, pe, tokens=row.de, first=bool(own) and self.layerwise)
         if not self.layerwise:
             row.admitted = self.now
-            if row.path == "de":
-                self._read(row, de.node, pe)
             self._form(pe)
-        elif row.cached and row.path == "pe":
-            row.buf = row.cached * self.kvb
-            pe.node.buffer.reserve(row.buf, lambda: self._read(row, pe.node, pe))
-        else:
-            self._read(row, de.node if row.path == "de" else pe.node, pe)
+        elif own:
+            row.buf = own * self.kvb
+            pe.node.buffer.reserve(row.buf, lambda: self._read(row, pe.node, pe, tokens=own))
+        elif not de_reads:
+            self._read(row, pe.node, pe, tokens=0)
 
-    def _read(self, row: Row, node: Node, pe: PrefillEngine, into_hbm: bool = False) -> None:
-        """Read the hit blocks into `node`'s buffer and let the PE start once they are in (`into_hbm`: a Basic
-        batch's row, on into the PE's HBM; the batch pokes its PE once all its rows are in, `_form`)."""
-        nbytes = row.cached * self.kvb
-        if not nbytes:
+    def _read(self, row: Row, node: Node, pe: PrefillEngine, tokens: int, into_hbm: bool = False,
+              first: bool = False) -> None:
+        """Read `tokens` of the hit blocks into `node`'s buffer and let the PE start once they are in
+        (`into_hbm`: a Basic batch's row, on into the PE's HBM; the batch pokes its PE once all its rows are
+        in, `_form`). `first`: the first of the row's two reads (a split, layerwise), kept until the second."""
+        if not tokens:
             row.t0 = row.t1 = self.now
             if not into_hbm:
                 self._poke(pe)
             return
+        nbytes = tokens * self.kvb
         t0, t1 = node.snic.reserve(self.now, nbytes)
         node.account_read(t0, t1, nbytes)
         t1 = max(t1, node.dram.reserve(self.now, nbytes)[1])  # written into the host buffer
         if into_hbm:  # into HBM before the pass: the loopback, behind the read
-            self.at(t1, self._read_done, node.id, row.cached, None)
-            t1 = self._to_gpu(row, pe, t1, nbytes)
+            self.at(t1, self._read_done, node.id, tokens, None)
+            t1 = self._loopback(pe, t1, nbytes)
         else:  # one event: the read queue shrinks and the PE may start
-            self.at(t1, self._read_done, node.id, row.cached, pe)
+            self.at(t1, self._read_done, node.id, tokens, pe)
+        if first:
+            row.early = (t0, t1)
+            return
+        if row.early is not None:  # the other side's share, read since the row was admitted
+            t0, t1 = min(t0, row.early[0]), max(t1, row.early[1])
         row.t0, row.t1 = t0, t1
         if self.layerwise:  # the oldest row may start while it loads
             self._poke(pe)

@@ -22,6 +22,10 @@ Two loading disciplines, as in the runtime (`dualjax.runtime.prefill_host`):
   HBM holds every batch formed; with host the read lands in the PE buffer, which holds the batches
   waiting, and each moves into HBM (a loopback) when its pass starts. A row keeps its memory until its
   last pass ends; a row chunked by the quota goes on in a later batch without another read.
+
+A plan (docs/policies.md) splits a row's read: the DE's share is read into the DE buffer once the row is
+placed and reaches HBM over the relay, the PE's share as above over its loopback; the row's load spans
+both. Its recomputed tail is new tokens of its passes.
 """
 
 from __future__ import annotations
@@ -34,15 +38,17 @@ from dualjax.sim.resources import Buffer, Lane, Node, SimError
 
 class Row:
     """A request on a PE (a `batching.Work`): its storage read [t0, t1] once issued (t1: in the buffer
-    that feeds the pass, or in HBM for Basic), the path, and what it holds. Basic: `admitted` (when) once
-    its DE buffer has room, `batched` while in a batch formed and not yet computed, `held` once it holds
-    its memory."""
+    that feeds the pass, or in HBM for Basic; a split's spans both sides' reads, `early` the first of
+    them), the path, the hit tokens its DE reads (`de`, the leading ones of `cached`), the tokens its PE
+    took in the scheduler (`pe_load`), and what it holds. Basic: `admitted` (when) once its DE buffer has
+    room, `batched` while in a batch formed and not yet computed, `held` once it holds its memory."""
 
-    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "hbm", "buf", "admitted", "batched",
-                 "held")
+    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "de", "pe_load", "early", "hbm", "buf",
+                 "admitted", "batched", "held")
 
-    def __init__(self, rid: int, cached: int, remaining: int, path: str):
+    def __init__(self, rid: int, cached: int, remaining: int, path: str, de: int = 0, pe_load: int = 0):
         self.rid, self.cached, self.remaining, self.path = rid, cached, remaining, path
+        self.de, self.pe_load, self.early = de, pe_load, None
         self.t0 = self.t1 = self.admitted = None
         self.started = self.batched = self.held = False
         self.hbm = self.buf = 0.0
@@ -160,27 +166,30 @@ class PrefillSide:
         if not first.held and self._prompt_bytes(first) > pe.hbm.budget:
             raise SimError(f"a request needs {self._prompt_bytes(first) / 1e9:.2f} GB of device memory for its "
                            f"prompt's KV, more than PE {pe.rank}'s {pe.hbm.budget / 1e9:.2f} GB")
-        if host:  # the hit KV read by the PE waits in its buffer; the DE path's waits in the DE buffer
-            return lambda w: 0.0 if w.held or w.path == "de" else w.cached * self.kvb
+        if host:  # the hit KV read by the PE waits in its buffer; the DE's share waits in the DE buffer
+            return lambda w: 0.0 if w.held else (w.cached - w.de) * self.kvb
         return lambda w: 0.0 if w.held else self._prompt_bytes(w)
 
     def _load(self, w: Row, pe: PrefillEngine, host: bool) -> None:
-        """Take a Basic row's memory and start its load: the PE's storage read (hbm: on into HBM), or (DE
-        path, read into the DE buffer when placed) the relay into HBM once that read is done (host: the
-        relay waits for the pass)."""
+        """Take a Basic row's memory and start its load: the PE's storage read of its share (hbm: on into
+        HBM), and the relay of the DE's share (read into the DE buffer when placed) into HBM once that read
+        is done (host: the relay waits for the pass)."""
         w.held = True
         self.cols["load_wait"][w.rid] = self.now - w.admitted
         if not host:
             w.hbm = self._prompt_bytes(w)
             pe.hbm.take(w.hbm)
-        if w.path == "de":
-            if not host and w.cached:
-                w.t1 = self._to_gpu(w, pe, max(self.now, w.t1), w.cached * self.kvb)
-            return
-        if host:
-            w.buf = w.cached * self.kvb
-            pe.node.buffer.take(w.buf)
-        self._read(w, pe.node, pe, into_hbm=not host)
+        ready = None  # the DE's share: in the DE buffer (host), or relayed into HBM
+        if w.de:
+            ready = w.t1 if host else self._relay(w, pe, max(self.now, w.t1), w.de * self.kvb)
+        own = w.cached - w.de
+        if own or w.path != "de":
+            if host:
+                w.buf = own * self.kvb
+                pe.node.buffer.take(w.buf)
+            self._read(w, pe.node, pe, tokens=own, into_hbm=not host)
+        if ready is not None:
+            w.t1 = max(w.t1, ready) if own else ready
 
     # -- passes ------------------------------------------------------------------------------------
     def _start_group_pass(self, g) -> None:
@@ -239,26 +248,37 @@ class PrefillSide:
         return end, outputs
 
     def _to_gpu(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
-        """Move `nbytes` of a row's prefix KV from the buffer that holds it to the PE's HBM: a loopback
-        over the PE's compute NIC (PE path) or the relay from the DE buffer (DE path). Returns the end."""
-        if w.path == "de":
-            de = self.engines[self.cols["de"][w.rid]]
-            de.node.relay_bytes += nbytes
-            end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
-            if not self.kv_priority:
-                self._kv_queued(de)
-            return end
+        """Move `nbytes` of a row's prefix KV from the buffers that hold it to the PE's HBM: the relay from
+        the DE buffer (all of it on the DE path, the DE's share of a split) and a loopback over the PE's
+        compute NIC (the rest). Returns the end."""
+        relay = nbytes if w.path == "de" else min(nbytes, w.de * self.kvb)
+        end = self._relay(w, pe, t, relay) if relay else t
+        if nbytes > relay or not relay:
+            end = max(end, self._loopback(pe, t, nbytes - relay))
+        return end
+
+    def _relay(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
+        """`nbytes` of a row's prefix KV from its DE's buffer to the PE's HBM. Returns the end."""
+        de = self.engines[self.cols["de"][w.rid]]
+        de.node.relay_bytes += nbytes
+        end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+        if not self.kv_priority:
+            self._kv_queued(de)
+        return end
+
+    def _loopback(self, pe: PrefillEngine, t: float, nbytes: float) -> float:
+        """`nbytes` from the PE's buffer to its HBM. Returns the end."""
         end = pe.node.dram.reserve(t, nbytes)[1]
         if self.hw.loopbacks:
             end = max(end, pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
         return end
 
     def _output(self, w: Row, pe: PrefillEngine, t: float) -> float:
-        """The prompt's KV to the DE buffer (hit + miss on the PE path, miss on the DE path). Returns the end."""
+        """The prompt's KV to the DE buffer: all but the hit tokens the DE read (hit + miss on the PE path,
+        miss on the DE path). Returns the end."""
         c = self.cols
         rid = w.rid
-        prompt = c["prompt_tokens"][rid]
-        out = (prompt if w.path != "de" else prompt - c["hit_tokens"][rid]) * self.kvb
+        out = (c["prompt_tokens"][rid] - w.de) * self.kvb
         de = self.engines[c["de"][rid]]
         end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
         if not self.kv_priority:
@@ -292,7 +312,7 @@ class PrefillSide:
             rid = w.rid
             pe.rows.remove(w)
             c["prefill_end"][rid] = self.now
-            self.scheduler.update(pe.rank, -1, -c["prompt_tokens"][rid])
+            self.scheduler.update(pe.rank, -1, -w.pe_load)
             self.dirty = True
             arrive = streamed[rid] if rid in streamed else self._output(w, pe, self.now)
             if w.buf:

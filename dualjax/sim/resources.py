@@ -249,6 +249,10 @@ class Costs:
             return len(rows) * self.row(cached, new) / self.efficiency(len(rows) * new)
         return self.table(*DEFAULT_BUCKETS.pass_shape(len(rows), cached, new)) * self.hw.prefill_scale
 
+    def one_row_s(self, cached: int, new: int) -> float:
+        """A pass of one (cached, new) row: what a PE view's `prefill_s` predicts (docs/policies.md)."""
+        return self.pass_seconds([(cached, new)])
+
     def ep_bytes(self, tokens: float, ep_nodes: int) -> float:
         """Expert-parallel bytes one GPU sends (and receives) over its compute NIC for `tokens` tokens:
         the share routed to experts on other nodes (inside a node they go over NVLink)."""

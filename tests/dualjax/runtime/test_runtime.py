@@ -50,7 +50,8 @@ def test_tokens_match_reference(tmp_path, reference, policy, layerwise, cluster)
     assert tokens == reference
     assert report["hit_rate"] > 0.3  # later turns really read their prefix from the store
     if policy == "de-only":
-        assert report["relay_bytes"] > 0 and report["paths"] == {"pe": 0, "de": report["requests"], "none": 0}
+        assert report["relay_bytes"] > 0
+        assert report["paths"] == {"pe": 0, "de": report["requests"], "split": 0, "none": 0}
     if policy in ("pe-only", "basic"):
         assert report["relay_bytes"] == 0
 

@@ -200,7 +200,7 @@ def storage_bound():
 def test_dualpath_uses_both_storage_nics(storage_bound):
     basic, dual, oracle = storage_bound["basic"], storage_bound["dualpath"], storage_bound["oracle"]
     n = basic["requests"]  # 64 agents of up to ~24 turns (each draws its turn count)
-    assert basic["paths"] == {"pe": n, "de": 0, "none": 0} and dual["paths"]["pe"] and dual["paths"]["de"]
+    assert basic["paths"] == {"pe": n, "de": 0, "split": 0, "none": 0} and dual["paths"]["pe"] and dual["paths"]["de"]
     assert dual["requests"] == n
     # two NICs instead of one, theory 2; agents' turn counts vary, so the longest ones' tail runs below it
     assert basic["jct_s"] / dual["jct_s"] > 1.35
@@ -221,7 +221,7 @@ def test_custom_policy_object_runs_in_the_simulator():
 
     r = simulate(SimConfig(ClusterSpec(2, 2), workload="paper-32k", agents=8, turns=4), policy=Decode(),
                  progress=False)
-    assert r["policy"] == "always-de" and r["paths"] == {"pe": 0, "de": r["requests"], "none": 0}
+    assert r["policy"] == "always-de" and r["paths"] == {"pe": 0, "de": r["requests"], "split": 0, "none": 0}
 
 
 def test_the_steady_state_is_the_paper_s_stationarity_rule():
