@@ -1,5 +1,6 @@
 """The architecture's rules, enforced: which package may import which, no cycles, no private names
-across modules, and a core and simulator that load without JAX, TensorStore or MPI."""
+across modules, TensorStore only where the store is, and a core and simulator that load without JAX,
+TensorStore or MPI."""
 
 from __future__ import annotations
 
@@ -112,6 +113,28 @@ def test_no_private_names_across_modules():
     bad = [f"{src} imports {dst}.{n}" for src, targets in graph().items() for dst, names in targets
            for n in names if n.startswith("_") and dst != src]
     assert not bad, "private names used outside their module:\n" + "\n".join(bad)
+
+
+# modules (and packages) that may import TensorStore: the store, which owns its kvstores and their
+# locations, and the storage benchmark, which measures TensorStore's own formats beside the store's
+TENSORSTORE_USERS = ("kvstore", "dualjax.bench.kvstore")
+
+
+def third_party(path: pathlib.Path) -> set[str]:
+    """The top-level packages the file imports, lazy imports included, relative ones not."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(PACKAGES)
+
+
+def test_only_the_store_imports_tensorstore():
+    bad = [m for m, p in modules().items() if "tensorstore" in third_party(p)
+           and not any(m == u or m.startswith(u + ".") for u in TENSORSTORE_USERS)]
+    assert not bad, "TensorStore imported outside " + ", ".join(TENSORSTORE_USERS) + ":\n" + "\n".join(bad)
 
 
 BLOCKED = ("jax", "jaxlib", "flax", "orbax", "tensorstore", "mpi4py", "safetensors")

@@ -145,8 +145,8 @@ def _cannot(where, e: Exception) -> str:
 def _read_probe(cfg: RunConfig, where, block_id, block) -> tuple[object, str | None]:
     """(the store, None) if this host opens it and reads the probe back, else (store or None, why not).
     A host that finds no store there says so without making one."""
-    from dualjax.runtime.store import open_store, store_exists
-    from kvstore import MANIFEST
+    from dualjax.runtime.store import open_store
+    from kvstore import MANIFEST, store_exists
     store = None
     try:
         if not store_exists(where):

@@ -5,14 +5,13 @@ A model config says what one token leaves in one layer's cache (`kv_record_shape
 the model's name and, when known, the weights' identity, so KV is never served across models or
 checkpoints of the same shape.
 
-A run's store (`--store`, `store_location`) is a directory, whose blocks move by the store's POSIX
-back end, or any TensorStore kvstore, by URL (`file:///shared/kv/`, `gs://bucket/kv/`) or JSON spec,
-whose blocks move through TensorStore (so `file://` is how to put a local directory on the
-TensorStore back end). A network store is reached once with few retries and a time limit before it
-is opened (`store_exists`), so an unreachable one is one line, not minutes of TensorStore's retries.
-A `memory://` store lives in one process: every host of an embedded run shares it; MPI ranks cannot
-(`run_location`). The first open of a run (the command's check) recovers a store whose own metadata
-is damaged and says so in one line; a host reports the recovery as `store.recovered` (docs/store.md).
+A run's store (`--store`) is a location as `kvstore.locate` reads it: a directory (the store's POSIX
+back end) or any TensorStore kvstore, by URL or JSON spec (docs/store.md); this module names the
+flag in that location's errors. A network store is reached once, within seconds, before it is
+opened (`kvstore.store_exists`). A `memory://` store lives in one process: every host of an embedded
+run shares it; MPI ranks cannot (`run_location`). The first open of a run (the command's check)
+recovers a store whose own metadata is damaged and says so in one line; a host reports the recovery
+as `store.recovered` (docs/store.md).
 
 The store's byte budget is `--store-gb`, or by default what the store holds now plus the free
 space of its filesystem less a margin (5% of the filesystem, at least 1 GiB), so a run evicts
@@ -24,133 +23,43 @@ failed write-back only leaves blocks uncached. A store without a filesystem (`gs
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import json
 import os
 import shutil
 import tempfile
 
 import numpy as np
-import tensorstore as ts
 
 import models
 from dualjax.outputs import unwritable_dir
 from kvstore import (
-    MANIFEST,
     BlockId,
     BlockLayout,
     BlockStore,
     FingerprintMismatch,
     StoreError,
+    StoreLocation,
     block_chain,
     local_spec,
+    locate,
+    store_exists,
 )
-from kvstore.errors import brief
 
 MARGIN_FRACTION, MARGIN_MIN_BYTES = 0.05, 1 << 30
-REACH_S = 30.0  # the most a network store may take to answer the first read
-# a network store's first read gives up after a few quick retries (TensorStore's own retry for minutes)
-REACH_RETRIES = {"max_retries": 2, "initial_delay": "0.5s", "max_delay": "2s"}
-EXAMPLES = "a directory, a kvstore URL (file:///shared/kv/, gs://bucket/kv/, s3://bucket/kv/) or a JSON kvstore spec"
 
 
-@dataclasses.dataclass(frozen=True)
-class StoreLocation:
-    """Where a run's store is: `name` as `--store` gives it, its TensorStore kvstore `spec` and its
-    I/O back end `io` ("posix" for a directory, "tensorstore" for a URL or spec)."""
-
-    name: str
-    spec: dict
-    io: str
-
-    def drivers(self) -> list[str]:
-        """Every kvstore driver of the spec, adapters' bases included (`file:///x|ocdbt:`: ocdbt, file)."""
-        found, todo = [], [self.spec]
-        while todo:
-            node = todo.pop()
-            if isinstance(node, dict):
-                found += [node["driver"]] if isinstance(node.get("driver"), str) else []
-                todo += node.values()
-        return found
-
-    @property
-    def directory(self) -> str | None:
-        """The local directory the store is, or None (a store without a filesystem of its own)."""
-        return (self.spec["path"].rstrip("/") or "/") if self.spec["driver"] == "file" else None
-
-    @property
-    def context(self) -> ts.Context | None:
-        """The process's one context for a `memory://` store, so every host of an embedded run opens
-        the same store; None (a fresh one per store) elsewhere."""
-        return memory_context() if "memory" in self.drivers() else None
-
-
-@functools.cache
-def memory_context() -> ts.Context:
-    """The context every `memory://` store of this process opens in: one store, whoever opens it."""
-    return ts.Context()
-
-
-def _json_spec(text: str):
-    """The JSON of `--store`: inline (`{"driver": ...}`) or in the .json file it names."""
-    body = text
-    if not text.lstrip().startswith("{"):
-        try:
-            with open(text) as f:
-                body = f.read()
-        except OSError as e:
-            raise StoreError(f"--store {text}: cannot read the kvstore spec file: {e.strerror}", "spec") from None
+def _store_flag(text: str) -> StoreLocation:
+    """`--store`'s value as a location; a bad one is one line naming the flag."""
     try:
-        return json.loads(body)
-    except json.JSONDecodeError as e:
-        raise StoreError(f"--store {text.strip()[:80]}: not JSON ({e.msg} at character {e.pos}); {EXAMPLES}",
-                         "spec") from None
-
-
-def store_location(text: str) -> StoreLocation:
-    """`--store`'s value as a location: a directory (POSIX I/O); else a TensorStore kvstore URL, an
-    inline JSON spec (`{...}`) or a `.json` file holding one (TensorStore I/O), whose path is taken
-    as a directory (a `/` added). Raises StoreError in one line: an unknown scheme or driver, a
-    malformed spec."""
-    if text.lstrip().startswith("{") or text.endswith(".json"):
-        given = _json_spec(text)
-    elif "://" in text:
-        given = text
-    else:
-        return StoreLocation(text, local_spec(text), "posix")
-    try:
-        spec = ts.KvStore.Spec(given).to_json()
-    except (ValueError, TypeError) as e:
-        why = brief(e).removeprefix(f'Parsing spec from url: "{text}": ')
-        raise StoreError(f"--store {text}: {why}; {EXAMPLES}", "spec") from None
-    if spec["driver"] == "file" and not spec.get("path"):
-        raise StoreError(f"--store {text}: a file kvstore needs a path; {EXAMPLES}", "spec")
-    if spec.get("path") and not spec["path"].endswith("/"):
-        spec["path"] += "/"
-    return StoreLocation(text, spec, "tensorstore")
-
-
-def store_exists(where: StoreLocation) -> bool:
-    """Whether a store is at `where` (its manifest), without making one. Raises StoreError in one line
-    when the kvstore does not answer: a network store gets few quick retries and REACH_S seconds."""
-    if where.directory is not None:
-        return os.path.exists(os.path.join(where.directory, MANIFEST))
-    context = where.context or ts.Context({f"{k}_request_retries": REACH_RETRIES for k in ("gcs", "s3", "http")})
-    try:
-        kv = ts.KvStore.open(where.spec, context=context).result(timeout=REACH_S)
-        return kv.read(MANIFEST).result(timeout=REACH_S).state == "value"
-    except TimeoutError:
-        raise StoreError(f"cannot reach the store {where.name}: no answer in {REACH_S:g} s", "ETIMEDOUT") from None
-    except (ValueError, OSError, NotImplementedError) as e:
-        raise StoreError(f"cannot reach the store {where.name}: {brief(e)}", "unreachable") from None
+        return locate(text)
+    except StoreError as e:
+        raise StoreError(f"--store {e}", e.cause) from None
 
 
 def run_location(cfg, processes: bool = False) -> StoreLocation:
     """Where the run `cfg` keeps its store, checked before anything opens it. Raises StoreError in one
     line: a bad `--store`; a store without a filesystem and no `--store-gb`; with `processes` (hosts
     that are processes: MPI), a `memory://` store, which lives inside one process."""
-    where = store_location(cfg.store_dir)
+    where = _store_flag(cfg.store_dir)
     if processes and "memory" in where.drivers():
         raise StoreError(f"--store {where.name}: a memory:// store lives inside one process and MPI ranks are "
                          "separate processes, so they cannot share it; run --embedded, or give --store a directory "
@@ -231,7 +140,7 @@ def scratch(store: str, layout: BlockLayout, blocks: int):
     """(a store, ids of `blocks` blocks no one else uses) on the storage of the store `store`, for a
     measurement: a temporary store beside a store directory (on its disk); on a kvstore, the store
     itself, the blocks named by a random nonce and dropped afterwards."""
-    where = store_location(store)
+    where = _store_flag(store)
     if where.io == "posix":
         parent = os.path.dirname(os.path.abspath(store)) or "."
         os.makedirs(parent, exist_ok=True)

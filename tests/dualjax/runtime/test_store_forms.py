@@ -7,7 +7,7 @@ import pytest
 
 from dualjax.cli.verify import tokens_of
 from dualjax.runtime.launch import run_embedded
-from dualjax.runtime.store import open_store, store_location
+from dualjax.runtime.store import open_store, run_location
 from tests.dualjax.runtime.test_runtime import BASE
 
 
@@ -34,4 +34,4 @@ def test_a_directory_is_posix_a_url_tensorstore(tmp_path, store, backend):
     cfg = BASE.replace(out=str(tmp_path / "run"), store=store.format(dir=tmp_path))
     with open_store(cfg) as opened:
         assert type(opened.files).__name__ == backend
-        assert store_location(cfg.store_dir).directory == str(tmp_path / "kv")  # its budget from that disk
+        assert run_location(cfg).directory == str(tmp_path / "kv")  # its budget from that disk
