@@ -60,11 +60,14 @@ class Plan:
         return "de" if self.pe_tokens(request) == 0 else "split"
 
 
+_PE = Plan()  # every "pe" choice's plan (a Plan is immutable)
+
+
 def as_plan(choice, request, policy) -> tuple[Plan, str]:
     """(plan, path label) of what `policy.path` returned for `request`; ValueError (one line, naming the
     policy) for anything but "pe", "de" or a Plan that fits the request."""
     if choice == "pe":
-        return Plan(), "pe"
+        return _PE, "pe"
     if choice == "de":
         return Plan(de_tokens=request.hit_tokens), "de"
     if not isinstance(choice, Plan):

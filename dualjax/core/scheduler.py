@@ -108,6 +108,7 @@ class Thresholds:
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
+_new = object.__new__
 
 
 class Waiting:
@@ -160,6 +161,8 @@ class Waiting:
 
     def newest(self, n: int) -> list[RequestView]:
         """The last `n` requests appended that are still waiting, oldest first."""
+        if n == 1:  # the common case: one arrival since the last look
+            return [next(reversed(self._items.values()))]
         return list(itertools.islice(reversed(self._items.values()), n))[::-1]
 
     def __len__(self) -> int:
@@ -273,9 +276,15 @@ class Scheduler:
     # -- state -------------------------------------------------------------------------------------
     def view(self, rank: int) -> EngineView:
         i = self.index[rank]
-        return EngineView(rank, self.roles[i], self.node_ids[self.node_of[i]], self.seq[i], self.tokens[i],
-                          self.read_q[self.node_of[i]], None if self.free[i] == math.inf else self.free[i],
-                          self.read_rate[i], self.prefill_rate[i], self.prefill_s[i])
+        n, free = self.node_of[i], self.free[i]
+        # Filled in directly: a frozen dataclass's __init__ sets each field through object.__setattr__, which
+        # costs more than the rest of a placement's bookkeeping (two views per placement, millions at paper scale).
+        v = _new(EngineView)
+        v.__dict__.update(rank=rank, role=self.roles[i], node=self.node_ids[n], seq=self.seq[i], tokens=self.tokens[i],
+                          read_q_tokens=self.read_q[n], free_tokens=None if free == math.inf else free,
+                          read_tokens_per_s=self.read_rate[i], prefill_tokens_per_s=self.prefill_rate[i],
+                          prefill_s=self.prefill_s[i])
+        return v
 
     def _views(self) -> tuple[list[EngineView], list[EngineView]]:
         views = [self.view(r) for r in self.ranks]
@@ -392,10 +401,12 @@ class Scheduler:
         pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
         self.update(de, 1, r.total_tokens)
-        for rank, share in ((pe, plan.pe_tokens(r)), (de, plan.de_tokens)):
-            if share:
-                n = self.node_of[self.index[rank]]
-                self._set_read_q(n, self.read_q[n] + share)
+        if share := plan.pe_tokens(r):
+            n = self.node_of[self.index[pe]]
+            self._set_read_q(n, self.read_q[n] + share)
+        if share := plan.de_tokens:
+            n = self.node_of[self.index[de]]
+            self._set_read_q(n, self.read_q[n] + share)
         return Decision(r, pe, de, path, plan, pe_tokens)
 
     def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
