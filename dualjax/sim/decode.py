@@ -14,7 +14,6 @@ written back (counted, not queued).
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 
 import numpy as np
@@ -63,6 +62,7 @@ class DecodeSide:
             self._complete(de, rid)
             return
         de.ready.append(rid)
+        self._advance(de)
         self._admit(de)
 
     def _kv_queued(self, de: DecodeEngine) -> None:
@@ -86,8 +86,8 @@ class DecodeSide:
         de.t_ref = self.now
 
     def _admit(self, de: DecodeEngine) -> None:
-        self._advance(de)
-        limit = self.hw.decode_batch or math.inf
+        """Ready requests join the batch (advanced to now by the caller), up to `Hardware.decode_batch`."""
+        limit = self.decode_limit
         ready = de.ready
         if not ready or de.n >= limit:
             self._retime(de)
@@ -131,8 +131,7 @@ class DecodeSide:
             step_s *= self._slowdown(de)
         de.step_s = step_s
         de.tx.model_util = de.rx.model_util = min(1.0, ep_s / step_s)  # its bytes' share of the line
-        self.seq += 1
-        heapq.heappush(self.events, (now + max(0.0, de.members[0][0] - de.steps) * step_s, self.seq,
+        heapq.heappush(self.events, (now + max(0.0, de.members[0][0] - de.steps) * step_s, self.tick(),
                                      self._decode_event, (de, de.version)))
 
     def _decode_event(self, de: DecodeEngine, version: int) -> None:
