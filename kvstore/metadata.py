@@ -125,7 +125,7 @@ def _open_manifest(kv: ts.KvStore, layout: BlockLayout, recovered: list[str], re
         foreign = [k for k in keys if not k.startswith(STORE_PREFIXES) and k != MANIFEST]  # made since: retried
         if foreign:
             raise StoreError(f"{store_name(kv)} is not a dualjax store (no {MANIFEST}, but it holds {len(keys)} keys, "
-                             f"e.g. {foreign[0]!r}); point --store at an empty or dualjax directory")
+                             f"e.g. {foreign[0]!r}); give an empty location or a dualjax store")
         why = "is missing" if keys else ""
     theirs = _blocks_match(kv, layout) if why else None  # False: the blocks are another layout's
     slots = (_array_slots(kv) if theirs is not False and why else None) or segment_slots(layout)
