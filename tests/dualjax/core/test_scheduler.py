@@ -218,3 +218,15 @@ def test_waiting_takes_requests_out_from_anywhere():
     assert [r.id for r in w] == [1, 3, 4] and w.head_tokens(250) == 200 and [r.id for r in w.newest(2)] == [3, 4]
     with pytest.raises(ValueError, match="already waiting"):
         w.append(req(3))
+
+
+def test_a_view_is_the_engine_view_its_constructor_makes():
+    """`Scheduler.view` fills an EngineView's fields itself (faster than its __init__): it must give the
+    object the constructor gives, every field set, for a PE and a DE."""
+    engines = [EngineView(1, "prefill", 1, 2, 300, 40, None, 50.0, 80.0),
+               EngineView(2, "decode", 2, 1, 500, 7, 900, 60.0)]
+    s = S(*engines)
+    for made in engines:
+        v = s.view(made.rank)
+        assert v == made and repr(v) == repr(made) and hash(v) == hash(made)
+        assert vars(v).keys() == vars(made).keys()
