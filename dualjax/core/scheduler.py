@@ -161,8 +161,6 @@ class Waiting:
 
     def newest(self, n: int) -> list[RequestView]:
         """The last `n` requests appended that are still waiting, oldest first."""
-        if n == 1:  # the common case: one arrival since the last look
-            return [next(reversed(self._items.values()))]
         return list(itertools.islice(reversed(self._items.values()), n))[::-1]
 
     def __len__(self) -> int:
@@ -401,12 +399,10 @@ class Scheduler:
         pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
         self.update(de, 1, r.total_tokens)
-        if share := plan.pe_tokens(r):
-            n = self.node_of[self.index[pe]]
-            self._set_read_q(n, self.read_q[n] + share)
-        if share := plan.de_tokens:
-            n = self.node_of[self.index[de]]
-            self._set_read_q(n, self.read_q[n] + share)
+        for rank, share in ((pe, plan.pe_tokens(r)), (de, plan.de_tokens)):
+            if share:
+                n = self.node_of[self.index[rank]]
+                self._set_read_q(n, self.read_q[n] + share)
         return Decision(r, pe, de, path, plan, pe_tokens)
 
     def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
