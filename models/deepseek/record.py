@@ -48,7 +48,11 @@ def pack(c_kv, k_pe, k_idx, cfg: DeepSeekConfig):
         return jnp.concatenate([c_kv, k_pe, k_idx], axis=-1).astype(cfg.jnp_dtype)
     lat, lat_scale = _quant(c_kv, cfg.fp8_group)
     idx, idx_scale = _quant(k_idx, cfg.index_head_dim)
-    return jnp.concatenate([lat, lat_scale, _bytes(k_pe, jnp.bfloat16), idx, idx_scale], axis=-1)
+    record = jnp.concatenate([lat, lat_scale, _bytes(k_pe, jnp.bfloat16), idx, idx_scale], axis=-1)
+    # The barrier keeps the compiler from folding a later unpack into this pack: XLA's GPU backend
+    # otherwise drops the FP8 rounding of a fused round trip (its excess-precision rewrites), so a
+    # token would attend to its own record unrounded and to a cached one rounded.
+    return jax.lax.optimization_barrier(record)
 
 
 def unpack(record, cfg: DeepSeekConfig):
