@@ -45,13 +45,15 @@ def _dequant(q_bytes, scale_bytes, n: int, group: int, dtype):
 def pack(c_kv, k_pe, k_idx, cfg: DeepSeekConfig):
     """The record [B, T, *cfg.kv_record_shape] of c_kv [B, T, R], k_pe [B, T, Dr], k_idx [B, T, Hi]."""
     if cfg.kv_cache_dtype != "fp8":
-        return jnp.concatenate([c_kv, k_pe, k_idx], axis=-1).astype(cfg.jnp_dtype)
-    lat, lat_scale = _quant(c_kv, cfg.fp8_group)
-    idx, idx_scale = _quant(k_idx, cfg.index_head_dim)
-    record = jnp.concatenate([lat, lat_scale, _bytes(k_pe, jnp.bfloat16), idx, idx_scale], axis=-1)
+        record = jnp.concatenate([c_kv, k_pe, k_idx], axis=-1).astype(cfg.jnp_dtype)
+    else:
+        lat, lat_scale = _quant(c_kv, cfg.fp8_group)
+        idx, idx_scale = _quant(k_idx, cfg.index_head_dim)
+        record = jnp.concatenate([lat, lat_scale, _bytes(k_pe, jnp.bfloat16), idx, idx_scale], axis=-1)
     # The barrier keeps the compiler from folding a later unpack into this pack: XLA's GPU backend
-    # otherwise drops the FP8 rounding of a fused round trip (its excess-precision rewrites), so a
-    # token would attend to its own record unrounded and to a cached one rounded.
+    # otherwise drops the rounding of a fused round trip (its excess-precision rewrites: FP8 seen on an
+    # H200; a float32 -> bfloat16 -> float32 pair is one it removes too), so a token would attend to its
+    # own record unrounded and to a cached one rounded.
     return jax.lax.optimization_barrier(record)
 
 

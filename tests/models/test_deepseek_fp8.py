@@ -51,26 +51,34 @@ def test_fp8_cache_prefix_split_and_logit_error(fp8_tiny):
     assert kv.dtype == jnp.uint8
     _, kv1 = models.prefill(params, fp8, tokens[:, :37])
     logits2, kv2 = models.prefill(params, fp8, tokens[:, 37:], kv1)
-    # Rounding to FP8 is discontinuous: float32 noise of ~1e-7 between the two paths can move a value
-    # to the next FP8 step (6%), so the split equals the full prefill to FP8 precision, not bit for bit.
-    np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits[:, 37:]), rtol=0, atol=1e-2)
     for got, want in zip(record.unpack(kv2, fp8), record.unpack(kv[:, :, 37:], fp8)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2.0 ** -3, atol=1e-2)
     # Against the float32 cache: logits move by a small fraction of their spread on average (a random
     # tiny model amplifies some tokens: a perturbed latent can flip an expert or a top-k choice).
-    err = np.abs(np.asarray(logits) - np.asarray(ref)).mean() / np.asarray(ref).std()
-    assert err < 0.25, err
+    fp8_err = np.abs(np.asarray(logits) - np.asarray(ref))
+    assert fp8_err.mean() / np.asarray(ref).std() < 0.25, fp8_err.mean()
+    # Rounding to FP8 is discontinuous: float32 noise of ~1e-7 between the two paths can move a value to
+    # the next FP8 step (6 %), so the split equals the full prefill to FP8 precision, not bit for bit: far
+    # inside FP8's own error (this seed: one crossing, max 0.01 against FP8's 3.97; a split that saw its
+    # own records unrounded, as on a GPU without `pack`'s barrier, was off by 4.0).
+    split_err = np.abs(np.asarray(logits2) - np.asarray(logits[:, 37:]))
+    assert split_err.max() < 0.05 * fp8_err.max() and split_err.mean() < 0.01 * fp8_err.mean(), split_err.max()
 
 
-def test_a_compiled_round_trip_rounds_as_an_eager_one(fp8_tiny):
-    """`unpack(pack(x))` inside one jit gives the eager numbers: the FP8 rounding survives compilation.
-    XLA's GPU backend drops it from a fused round trip unless `pack` ends in a barrier (seen on an H200,
-    where the prefix-split test above then fails by whole logits); the CPU backend keeps it either way."""
-    _, fp8, _ = fp8_tiny
+@pytest.mark.parametrize("layout", ["fp8", "bfloat16"])
+def test_a_compiled_round_trip_rounds_as_an_eager_one(fp8_tiny, layout):
+    """`unpack(pack(x))` inside one jit gives the eager numbers: the rounding survives compilation, for
+    either layout (the model-dtype one in a bfloat16 model, read back as float32 as attention does).
+    XLA's GPU backend drops it from a fused round trip unless `pack` ends in a barrier (seen for FP8 on an
+    H200, where the prefix-split test above then fails by whole logits); the CPU backend keeps it either way."""
+    cfg, fp8, _ = fp8_tiny
+    cfg = fp8 if layout == "fp8" else cfg.replace(dtype="bfloat16")
     rng = np.random.default_rng(3)
-    parts = [jnp.asarray(rng.standard_normal((2, 50, n)), jnp.float32) for n in fp8.record_parts]
-    eager = record.unpack(record.pack(*parts, fp8), fp8)
-    fused = jax.jit(lambda *p: record.unpack(record.pack(*p, fp8), fp8))(*parts)
-    for x, want, got in zip(parts, eager, fused):
+    parts = [jnp.asarray(rng.standard_normal((2, 50, n)), jnp.float32) for n in cfg.record_parts]
+
+    def round_trip(*p):
+        return [x.astype(jnp.float32) for x in record.unpack(record.pack(*p, cfg), cfg)]
+
+    for x, want, got in zip(parts, round_trip(*parts), jax.jit(round_trip)(*parts)):
         assert np.abs(np.asarray(want) - np.asarray(x)).max() > 1e-3  # the round trip does round
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
