@@ -8,7 +8,7 @@
     dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
     dualjax sim --cluster 2p4d ... [--out DIR]  simulate a cluster at any scale (same scheduler and policies)
     dualjax sim validate --json FILE            the e2e configurations for real and simulated, compared
-    dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON + PNG)
+    dualjax sim ablation --cluster 2p4d ...     Basic, + layerwise, + dual-path, + scheduler, Oracle (JSON; --plot)
     dualjax sim paper --json FILE [--no-large]  the paper's evaluation simulated: JSON, markdown table, figure
     dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
