@@ -58,11 +58,12 @@ def test_fp8_cache_prefix_split_and_logit_error(fp8_tiny):
     fp8_err = np.abs(np.asarray(logits) - np.asarray(ref))
     assert fp8_err.mean() / np.asarray(ref).std() < 0.25, fp8_err.mean()
     # Rounding to FP8 is discontinuous: float32 noise of ~1e-7 between the two paths can move a value to
-    # the next FP8 step (6 %), so the split equals the full prefill to FP8 precision, not bit for bit: far
-    # inside FP8's own error (this seed: one crossing, max 0.01 against FP8's 3.97; a split that saw its
-    # own records unrounded, as on a GPU without `pack`'s barrier, was off by 4.0).
+    # the next FP8 step (6 %), so the split equals the full prefill to FP8 precision, not bit for bit:
+    # within 1 % of FP8's own error, at its largest and on average (this seed: one crossing, max 0.0100
+    # against FP8's 3.97; a split that saw its own records unrounded, on a GPU without `pack`'s barrier,
+    # was off by 4.0).
     split_err = np.abs(np.asarray(logits2) - np.asarray(logits[:, 37:]))
-    assert split_err.max() < 0.05 * fp8_err.max() and split_err.mean() < 0.01 * fp8_err.mean(), split_err.max()
+    assert split_err.max() < 0.01 * fp8_err.max() and split_err.mean() < 0.01 * fp8_err.mean(), split_err.max()
 
 
 @pytest.mark.parametrize("layout", ["fp8", "bfloat16"])
