@@ -24,12 +24,11 @@ Hits follow the runtime's store: a turn hits every full block of the agent's pre
 from __future__ import annotations
 
 import gc
-import heapq
 import itertools
 import math
 import time
 from array import array
-from heapq import heappush
+from heapq import heappop, heappush
 
 import numpy as np
 from tqdm import tqdm
@@ -214,7 +213,7 @@ class Simulation(PrefillSide, DecodeSide):
     def _loop(self, until: float | None, bar) -> None:
         """Run the events in time order (those due together in the order queued), placing waiting requests
         after any event that may have made room, until none is left or the next is due after `until`."""
-        events, pop, waiting, n, done = self.events, heapq.heappop, self.waiting, 0, self.completed
+        events, pop, waiting, n, done = self.events, heappop, self.waiting, 0, self.completed
         if until is not None:  # a stop after every event due at `until`, those it starts included
             heappush(events, (until, math.inf, None, ()))
         while events:
