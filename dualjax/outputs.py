@@ -11,6 +11,7 @@ file's schema metadata, and the file's metadata names its schema version and kin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -60,9 +61,30 @@ def unwritable_file(path: str) -> str | None:
         return f"{path} is a directory, not a file"
     if why := unwritable_dir(os.path.dirname(path) or "."):
         return why
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return f"cannot write {path}: permission denied"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else f"cannot write {path}: permission denied"
+    try:  # made and removed: what permissions alone do not tell (root, /proc, a read-only mount)
+        open(path, "x").close()
+        os.remove(path)
+    except OSError as e:
+        return f"cannot write {path}: {e.strerror}"
     return None
+
+
+@contextlib.contextmanager
+def writing(path: str):
+    """Around the code that writes the file `path`: a failure to write it (a disk full, a directory
+    gone since the flags were checked) is OutputError `cannot write PATH: reason`, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def write_json(path: str, obj) -> None:
+    """`obj` as one indented JSON object in the file `path` (a command's --json)."""
+    with writing(path), open(path, "w") as f:
+        f.write(json.dumps(obj, indent=1) + "\n")
 
 
 def remove_unused_dirs() -> None:

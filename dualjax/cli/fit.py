@@ -18,7 +18,7 @@ import json
 import sys
 
 from dualjax.core.config import number
-from dualjax.outputs import output_file
+from dualjax.outputs import output_file, write_json
 from dualjax.sim.fit import POINT, TARGETS, fit_paper
 from dualjax.sim.profiles import PAPER_FIT, PAPER_H800
 
@@ -47,8 +47,7 @@ def main(argv=None, args=None) -> dict:
           f"{targets['layerwise_jct_s']:,.0f} s, DualPath {targets['dualpath_jct_s']:,.0f} s, Fig. 3 {targets['fig3']}")
     fit = fit_paper(PAPER_H800, cfg, targets, args.tolerance)
     fit["command"] = " ".join(["dualjax sim fit", *(sys.argv[3:] if argv is None else argv)])
-    with open(args.json, "w") as f:
-        json.dump(fit, f, indent=1)
+    write_json(args.json, fit)
     a = fit["achieved"]
     print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in fit["fitted"].items()) +
           f"; + layerwise {a['layerwise_jct_s']:,.0f} s, DualPath {a['dualpath_jct_s']:,.0f} s, Fig. 3 "

@@ -21,7 +21,7 @@ import json
 import os
 
 from dualjax.core.config import number
-from dualjax.outputs import output_file
+from dualjax.outputs import output_file, unwritable_file, write_json, writing
 from dualjax.sim.paper import ABLATION_STEPS, OFFLINE, QUICK, Scale, markdown, reproduce
 from dualjax.sim.profiles import PAPER_FIT, get_hardware
 
@@ -47,19 +47,22 @@ def main(argv=None, args=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = args if args is not None else p.parse_args(argv)
+    base = os.path.splitext(args.json)[0]
+    for flag, suffix in (("md", ".md"), ("plot", ".png")):  # beside --json unless given: checked before the work
+        if not getattr(args, flag) and (why := unwritable_file(base + suffix)):
+            p.error(f"--{flag} (default {base + suffix}): {why}")
     hw = get_hardware(args.hardware)
     fit_file = _fit_of(args.hardware)
     print(f"sim paper on {hw.name}{' (quick)' if args.quick else ''}: " + hw.notes.split(" Fit: ")[-1])
     result = reproduce(hw, fit_file, QUICK if args.quick else Scale(), args.large, args.sensitivity, args.max_wall_s)
     result = json.loads(json.dumps(result))  # the keys as the file has them
-    base = args.json.rsplit(".", 1)[0]
     result["table"], result["plot"] = args.md or base + ".md", args.plot or base + ".png"
     table = markdown(result)
-    with open(result["table"], "w") as f:
+    with writing(result["table"]), open(result["table"], "w") as f:
         f.write(table)
-    plot_paper(result["plot"], result)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+    with writing(result["plot"]):
+        plot_paper(result["plot"], result)
+    write_json(args.json, result)
     print(table)
     print(f"-> {args.json}, {result['table']}, {result['plot']} ({result['wall_s']:.0f} s)")
     return result

@@ -4,10 +4,9 @@ storage-NIC balance over time."""
 
 from __future__ import annotations
 
-import json
 import os
 
-from dualjax.outputs import comparison, load_run
+from dualjax.outputs import comparison, load_run, write_json, writing
 from dualjax.plots import plot_compare
 
 COLUMNS = (("run", "{}"), ("kind", "{}"), ("policy", "{}"), ("cluster", "{}"), ("requests", "{}"),
@@ -46,9 +45,9 @@ def main(args) -> int:
         if run.report["kind"] == "real" and any(run.report["store"].values()):
             print(f"store {n}: " + ", ".join(f"{k} {v}" for k, v in run.report["store"].items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dict(zip((c for c, _ in COLUMNS), values(n, run.report))) for n, run in runs], f, indent=1)
+        write_json(args.json, [dict(zip((c for c, _ in COLUMNS), values(n, run.report))) for n, run in runs])
     if args.plot:
-        plot_compare(args.plot, comparison(runs))
+        with writing(args.plot):
+            plot_compare(args.plot, comparison(runs))
         print(f"figure: {args.plot}")
     return 0

@@ -31,7 +31,7 @@ import time
 
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.core.policies import Plan, Policy
-from dualjax.outputs import load_run
+from dualjax.outputs import load_run, write_json
 from dualjax.runtime.launch import launch_mpi, mpiexec_cmd, run_embedded
 
 
@@ -219,10 +219,8 @@ def main(args) -> int:
     except NetnsError as e:
         print(f"dualjax verify: error: --hosts: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(result, indent=1)
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        write_json(args.json, result)
     summary = {k: v for k, v in result.items() if k != "mismatches"} | {"mismatches": len(result["mismatches"])}
     print(json.dumps(summary))
     networked = all(r.get("over_network", True) for r in result.get("hosts", {}).values())

@@ -7,9 +7,8 @@ table's values and each statistic's relative error against them.
 
 from __future__ import annotations
 
-import json
-
 from dualjax.core.workload import PAPER_TABLE, length_stats
+from dualjax.outputs import write_json
 
 
 def add_parser(sub, parent: list) -> None:
@@ -46,6 +45,5 @@ def main(args) -> int:
     if "error" in result:
         print("  vs docs/paper.md §9 Table 2: " + ", ".join(f"{k} {v:+.1%}" for k, v in result["error"].items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
     return 0
