@@ -25,6 +25,14 @@ from dualjax.plots import plot_run
 
 TABLE, REPORT = "requests.parquet", "report.json"
 KINDS = ("real", "simulated")
+NUMBER, NULL = (int, float), type(None)
+# what readers of report.json (`dualjax report`, `comparison`) take from it, and its JSON type
+READ_KEYS = {"config": dict, "config.cluster": dict, "config.cluster.prefill": int, "config.cluster.decode": int,
+             "policy": str, "requests": int, "jct_s": NUMBER, "tokens_per_s": (*NUMBER, NULL), "hit_rate": NUMBER,
+             "ttft_s": dict, "ttft_s.p50": (*NUMBER, NULL), "ttft_s.p99": (*NUMBER, NULL), "tpot_s": dict,
+             "tpot_s.p50": (*NUMBER, NULL), "slo": dict, "slo.attained": NUMBER,
+             "snic_max_over_avg": (*NUMBER, NULL), "relay_bytes": NUMBER, "workload": dict,
+             "workload.odd_records": dict, "store": dict, "storage_series": dict, "sim": (dict, NULL)}
 
 
 class OutputError(FileNotFoundError):
@@ -245,7 +253,30 @@ def load_report(run_dir: str) -> dict:
     if report.get("schema_version") != SCHEMA_VERSION:
         raise OutputError(f"{path} has schema version {report.get('schema_version')!r}; this dualjax reads "
                           f"version {SCHEMA_VERSION} (docs/report.md)")
+    if why := _unreadable(report):
+        raise OutputError(f"{path} is damaged: {why}")
     return report
+
+
+def _unreadable(report: dict) -> str | None:
+    """What of READ_KEYS `report` lacks or holds with another type, or None."""
+    keys = {**READ_KEYS, **({"sim.config": dict, "sim.config.window_s": NUMBER} if report.get("sim") else {})}
+    for key, types in keys.items():
+        *parents, last = key.split(".")
+        v = report
+        for k in parents:
+            v = v[k]  # a dict: READ_KEYS lists each parent before its keys
+        if last not in v:
+            return f"no {key}"
+        if not isinstance(v[last], types) or isinstance(v[last], bool):
+            return f"{key} is {json.dumps(v[last])[:40]}, not {_type_name(types)}"
+    return None
+
+
+def _type_name(types) -> str:
+    names = {dict: "an object", int: "an integer", float: "a number", str: "a string", NULL: "null"}
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names[t] for t in types if not (t is int and float in types))
 
 
 def load_run(run_dir: str, columns: list[str] | None = None) -> Run:
