@@ -199,12 +199,15 @@ def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, resul
 
 
 def hosts_arg(text: str | None) -> int | str | None:
-    """`--hosts`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`)."""
-    if text is None or text == "slurm":
+    """`--hosts`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`), whose hosts are read
+    now: a hostfile that lists none is refused before the reference runs."""
+    from dualjax.runtime.placement import read_nodes
+    if text is None:
         return text
     if not text.isdigit():
-        if not os.path.isfile(text):
+        if text != "slurm" and not os.path.isfile(text):
             raise ConfigError(f"--hosts: {text} is neither a number of hosts nor a hostfile")
+        read_nodes(text)  # PlacementError (a ConfigError) naming what is wrong
         return text
     if int(text) < 2:
         raise ConfigError(f"--hosts: at least 2 hosts, got {text}")
