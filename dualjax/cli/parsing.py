@@ -56,6 +56,24 @@ def _returned(result) -> int:
     return result if isinstance(result, int) else 0
 
 
+def changed(namespace: argparse.Namespace, actions) -> list[str]:
+    """The flags among `actions` whose value in `namespace` is not their default: given, and changing
+    something (one given at its default value changes nothing, ignored or not)."""
+    return ["/".join(a.option_strings) for a in actions if a.option_strings and a.default is not argparse.SUPPRESS
+            and getattr(namespace, a.dest, a.default) != a.default]
+
+
+class OwnFlagsAfter(argparse._SubParsersAction):
+    """Subcommands that take their own flags after their name: the parent's flags given before it,
+    which the subcommand would ignore, are refused (`add_subparsers(action=OwnFlagsAfter)`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if given := changed(namespace, [a for a in parser._actions if a is not self]):
+            parser.error(f"{', '.join(given)} before `{values[0]}`: flags of `{parser.prog}` itself, which "
+                         f"`{parser.prog} {values[0]}` ignores (give its flags after `{values[0]}`)")
+        super().__call__(parser, namespace, values, option_string)
+
+
 def out_flag(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
     """--out DIR: where the command's run outputs go (`what`); none when `default` is None and no --out."""
     from dualjax.outputs import output_dir

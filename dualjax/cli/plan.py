@@ -9,7 +9,8 @@ agents in flight (`dualjax.sim.search.de_memory`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
+
+from dualjax.outputs import write_json
 
 
 def add_parser(sub, parent: list) -> None:
@@ -23,7 +24,11 @@ def add_parser(sub, parent: list) -> None:
     plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
     plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")
     json_flag(plan, "the window (and the sweep)")
-    add_sweep_flags(plan)
+    plan.add_argument("--sweep", action="store_true",
+                      help="also simulate every P/D split of --nodes nodes and recommend one")
+    sweep = plan.add_argument_group("the sweep's settings (only with --sweep)")
+    add_sweep_flags(sweep)
+    plan.set_defaults(sweep_flags=sweep._group_actions)  # refused without --sweep: it would ignore them
 
 
 def _show(title: str, w) -> None:
@@ -56,7 +61,11 @@ def simulated_window(args):
 
 
 def main(args) -> int:
+    from dualjax.cli.parsing import changed
+    from dualjax.core.config import ConfigError
     from dualjax.core.planner import pd_window
+    if not args.sweep and (given := changed(args, args.sweep_flags)):
+        raise ConfigError(f"{', '.join(given)}: only with --sweep (the window from the flags alone simulates nothing)")
     w = pd_window(args.gpus_per_node, args.snic_per_node, args.cnic_gbps, args.dram_gbs, args.snic_gbps)
     _show("P/D window", w)
     result = w.to_json()
@@ -66,6 +75,5 @@ def main(args) -> int:
         result["simulated_window"] = sim_w.to_json()
         result.update(cmd_sweep(args, sim_w))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
     return 0

@@ -3,30 +3,31 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, add_flags, from_args, number
+from dualjax.outputs import write_json, writing
 
 
 def add_parsers(sub, parent: list, argv: list[str]) -> None:
     """`sim` (a simulation) with its subcommands `ablation`, `validate`, `paper` and `fit`, and `calibrate`; `argv`: the
     command line's words from the subcommand on (a lazy subcommand's flags load only when it runs)."""
-    from dualjax.cli.parsing import add_lazy, json_flag, out_flag, plot_flag
+    from dualjax.cli.parsing import OwnFlagsAfter, add_lazy, json_flag, out_flag, plot_flag
     sim = sub.add_parser("sim", parents=parent, help="simulate a cluster (any size) with the runtime's scheduler "
-                         "and policies; subcommands: ablation, validate, paper, fit")
+                         "and policies; subcommands: ablation, validate, paper, fit",
+                         description="A simulation with the flags below, or a SUBCOMMAND with its own flags after "
+                         "it (`dualjax sim SUBCOMMAND --help`); the simulation's flags before a SUBCOMMAND are "
+                         "refused.")
     add_flags(sim, SimConfig)
     sim.add_argument("--find-capacity", action="store_true",
                      help="search the highest APS whose steady-state window meets the SLO (from --aps, default 1); "
                      "each trial runs until TTFT over a 150-s window is within 5%% of its value 30 minutes earlier "
                      "and scores that window")
-    sim.add_argument("--slo-attainment", type=number(high=1.0), default=0.9,
+    sim.add_argument("--slo-attainment", type=number(high=1.0),
                      help="fraction of the window's requests that must meet the SLO for --find-capacity (default 0.9)")
-    out_flag(sim, None, "the run's request table, report.json and plots, as a real run's")
+    out_flag(sim, None, "the run's request table, report.json and plots, as a real run's; not with --find-capacity")
     json_flag(sim, "the report (without hosts and storage series), or the capacity search")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=main)
-    subs = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    subs = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", action=OwnFlagsAfter)
     abl = subs.add_parser("ablation", parents=parent, help="Basic, + layerwise prefill, + dual-path loading (naive "
                           "scheduler), + the full scheduler, and Oracle (dualjax/sim/ablation.py)")
     add_flags(abl, SimConfig, skip=("policy", "scheduler", "layerwise", "aps"))
@@ -47,30 +48,29 @@ def add_parsers(sub, parent: list, argv: list[str]) -> None:
     json_flag(cal, "the profile (default runs/calibrate/local.json, the `local` profile)")
 
 
-def add_sweep_flags(plan: argparse.ArgumentParser) -> None:
-    plan.add_argument("--sweep", action="store_true",
-                      help="also simulate every P/D split of --nodes nodes and recommend one")
+def add_sweep_flags(plan) -> None:
+    """`dualjax plan --sweep`'s settings (on a parser or an argument group)."""
     plan.add_argument("--nodes", type=int, default=6, help="nodes to split for --sweep (default 6)")
     add_flags(plan, SimConfig, skip=("cluster", "aps"))
-
-
-def _write_json(path: str | None, obj: dict) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(obj, f, indent=1)
 
 
 def main(args) -> int:
     from dualjax.sim import simulate
     cfg = from_args(SimConfig, args)
+    if not args.find_capacity and args.slo_attainment is not None:
+        raise ConfigError("--slo-attainment: only with --find-capacity")
     if args.find_capacity:
         from dualjax.sim.search import find_capacity
+        if args.out:
+            raise ConfigError("--out: a capacity search writes no run outputs (--json writes its result)")
+        attainment = args.slo_attainment or 0.9
         print(f"capacity search: {cfg.cluster.name} {cfg.policy} on {cfg.hardware}, {cfg.workload}")
-        result = find_capacity(cfg, args.slo_attainment, args.aps or 1.0)
+        result = find_capacity(cfg, attainment, args.aps or 1.0)
         w = result["window_s"] or [0.0, 0.0]
-        print(f"capacity: {result['capacity_aps']:.3f} agents/s with >= {args.slo_attainment:.0%} of the requests "
+        print(f"capacity: {result['capacity_aps']:.3f} agents/s with >= {attainment:.0%} of the requests "
               f"arriving in the steady-state window {w[0]:.0f}-{w[1]:.0f} s within the SLO")
-        _write_json(args.json, result)
+        if args.json:
+            write_json(args.json, result)
         return 0
     report = simulate(cfg, out=args.out, progress=not args.quiet)
     t, own = report["ttft_s"], report["sim"]
@@ -80,7 +80,8 @@ def main(args) -> int:
           f"SNIC max/avg {report['snic_max_over_avg'] or float('nan'):.2f}  "
           f"{own['events']} events in {own['wall_s']:.1f} s ({own['events_per_s']:.0f}/s)"
           + (f"  -> {args.out}" if args.out else ""))
-    _write_json(args.json, {k: v for k, v in report.items() if k not in ("storage_series", "hosts")})
+    if args.json:
+        write_json(args.json, {k: v for k, v in report.items() if k not in ("storage_series", "hosts")})
     return 0
 
 
@@ -116,9 +117,11 @@ def ablation_main(args) -> int:
     for k, v in result["jct_s"].items():
         print(f"{k:12s} {v:9.1f} {result['vs_basic'].get(k, 0):+9.1%} {result['snic_max_over_avg'][k] or 0:13.2f}")
     if args.plot:
-        plot_ablation(args.plot, result)
+        with writing(args.plot):
+            plot_ablation(args.plot, result)
         result["plot"] = args.plot
-    _write_json(args.json, result)
+    if args.json:
+        write_json(args.json, result)
     return 0
 
 
