@@ -117,8 +117,9 @@ def dispatch(args) -> int:
 
 
 def _name(args) -> str:
-    """The subcommand as typed, for its error line: `sim ablation`, `bench e2e`, `report`."""
-    return " ".join(x for x in (args.command, getattr(args, "sim_command", None), getattr(args, "bench", None)) if x)
+    """The subcommand as typed, for its error line: `sim ablation`, `bench e2e`, `workload stats`, `report`."""
+    sub = (getattr(args, k, None) for k in ("sim_command", "bench", "workload_command"))
+    return " ".join(x for x in (args.command, *sub) if x)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             code = dispatch(args)
         except user_errors() as e:
             print(f"dualjax {_name(args)}: error: {e}", file=sys.stderr)
-    finally:
-        if code != 0:  # bad input, a failed host, an interrupt: no empty output directories left behind
-            remove_unused_dirs()
+    finally:  # bad input, a failed host, an interrupt, a scratch --dir: no empty directory made here left behind
+        remove_unused_dirs()
     return code
 
 

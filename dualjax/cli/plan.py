@@ -18,8 +18,8 @@ def add_parser(sub, parent: list) -> None:
     from dualjax.cli.sim import add_sweep_flags
     plan = sub.add_parser("plan", help="the P/D ratio window for given hardware (and a simulated sweep)",
                           parents=parent)
-    plan.add_argument("--gpus-per-node", type=int, default=8)
-    plan.add_argument("--snic-per-node", type=float, default=1.0)
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    plan.add_argument("--snic-per-node", type=float, default=1.0, help="storage NICs per node (default 1)")
     plan.add_argument("--snic-gbps", type=float, help="Gbit/s per storage NIC (default: --cnic-gbps)")
     plan.add_argument("--cnic-gbps", type=float, default=400.0, help="Gbit/s of one GPU's compute NIC")
     plan.add_argument("--dram-gbs", type=float, default=500.0, help="GB/s of host DRAM bandwidth per node")

@@ -41,10 +41,11 @@ def add_parsers(sub, parent: list, argv: list[str]) -> None:
     add_lazy(subs, "fit", "dualjax.cli.fit", "fit paper-h800's three fitted inputs to the paper's figures and "
              "write the fit file", argv[:2] == ["sim", "fit"])
     cal = sub.add_parser("calibrate", parents=parent, help="measure this machine into the simulator's `local` profile")
-    cal.add_argument("--model", default="small")
+    cal.add_argument("--model", default="small", help="the model preset to measure (default small)")
     cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
                      "(default agentic-e2e, the e2e benchmark's)")
-    cal.add_argument("--decode-slots", type=int, default=8)
+    cal.add_argument("--decode-slots", type=int, default=8,
+                     help="sequences a decode host decodes together: the decode step measured (default 8)")
     json_flag(cal, "the profile (default runs/calibrate/local.json, the `local` profile)")
 
 

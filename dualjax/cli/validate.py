@@ -37,11 +37,13 @@ SIM_RESERVE_S = 60.0  # wall time kept for the simulations (a few seconds here; 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", type=output_file)
+    p.add_argument("--json", metavar="FILE", type=output_file,
+                   help="write the comparison as one JSON object to FILE (it is printed either way)")
     p.add_argument("--quick", action="store_true", help="the e2e benchmark's --quick configurations")
     p.add_argument("--storage-factor", type=number(), help="passed to the e2e benchmark (its default: 6)")
     p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
-    p.add_argument("--out", default="runs/sim-validate", type=output_dir)
+    p.add_argument("--out", metavar="DIR", default="runs/sim-validate", type=output_dir,
+                   help="the real runs' and the simulations' outputs (default runs/sim-validate)")
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
                    "calibrated first when missing)")
     p.add_argument("--recalibrate", action="store_true",
