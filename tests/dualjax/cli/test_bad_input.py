@@ -75,6 +75,21 @@ def test_bad_run_flags(tmp_path, capsys, argv, message):
     (["calibrate", "--json", "{file}/local.json"], "{file} is a file, not a directory"),
     (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
     (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
+    # an output that cannot be written (/proc: not even root makes a file there), refused before the work
+    (["workload", "stats", "agentic-tiny", "--json", "/proc/ws.json"], "cannot write"),
+    (["plan", "--json", "/proc/p.json"], "cannot write"),
+    (["sim", "--json", "/proc/sim.json"], "cannot write"),
+    (["report", "{dir}/other", "--plot", "/proc/rep.png"], "cannot write"),
+    (["sim", "paper", "--json", "{dir}/a.b/out", "--md", "{dir}/t.md"],  # the figure's name: beside --json
+     "--plot (default {dir}/a.b/out.png): {dir}/a.b/out.png is a directory"),
+    (["verify", "--hosts", "{empty}"], "hostfile {empty}, line 1: expected HOST or HOST:N"),
+    (["verify", "--hosts", "{file}"], "hostfile {file} lists no hosts"),
+    # flags the command would ignore
+    (["plan", "--model", "nosuch", "--policy", "x"], "--model, --policy: only with --sweep"),
+    (["sim", "--model", "tinyy", "--out", "{dir}/leak", "ablation"], "--model, --out before `ablation`"),
+    (["sim", "--find-capacity", "--out", "{dir}/cap"], "--out: a capacity search writes no run outputs"),
+    (["sim", "--slo-attainment", "0.8"], "--slo-attainment: only with --find-capacity"),
+    (["workload", "stats", "nosuch"], "dualjax workload stats: error: unknown workload"),
 ])
 def test_bad_input(tmp_path, capsys, monkeypatch, argv, message):
     """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
@@ -90,12 +105,15 @@ def test_bad_input(tmp_path, capsys, monkeypatch, argv, message):
         (tmp_path / name / "report.json").write_text(json.dumps(report))
     fill = {"file": str(tmp_path / "f"), "dir": str(tmp_path), "bad": str(tmp_path / "bad.json"),
             "empty": str(tmp_path / "empty.json")}
+    (tmp_path / "a.b" / "out.png").mkdir(parents=True)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
     try:
         rc = cli.main([a.format(**fill) for a in argv])
     except SystemExit as e:  # argparse's own exit for a flag's bad value
         rc = e.code
     out, err = capsys.readouterr()
     assert rc == 2 and message.format(**fill) in err and not out  # nothing started, nothing announced
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written, no directory left
 
 
 def test_store_of_another_model(tmp_path, capsys):
