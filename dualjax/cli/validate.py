@@ -167,17 +167,21 @@ def _load_real(p: argparse.ArgumentParser, path: str) -> dict:
     except ValueError as e:
         p.error(f"--real {path} is not JSON: {e}")
     missing = [k for k in REAL_KEYS if k not in real] if isinstance(real, dict) else list(REAL_KEYS)
-    why = f"missing {', '.join(missing)}" if missing else None if real["jct_s"] else "no capped runs"
-    if why is None:
-        try:  # each run's settings and JCT, read as the simulations will
-            runs = _configurations(real)
-        except (AttributeError, KeyError, TypeError) as e:  # an entry of another shape than e2e writes
-            runs, why = [], f"its runs do not read: {type(e).__name__}: {e}"
-        bad = [name for name, _, jct, _ in runs if not isinstance(jct, (int, float)) or not jct > 0]
-        why = why or (bad and f"the JCT of {', '.join(bad)} is not a positive number of seconds")
-    if why:
+    if why := f"missing {', '.join(missing)}" if missing else _unreadable_runs(real):
         p.error(f"--real {path} is not a `dualjax bench e2e --json` result ({why})")
     return real
+
+
+def _unreadable_runs(real: dict) -> str | None:
+    """Why the runs of an e2e result cannot be read as the simulations read them, or None."""
+    if not real["jct_s"]:
+        return "no capped runs"
+    try:
+        runs = _configurations(real)
+    except (AttributeError, KeyError, TypeError) as e:  # an entry of another shape than e2e writes
+        return f"its runs do not read: {type(e).__name__}: {e}"
+    bad = [name for name, _, jct, _ in runs if not isinstance(jct, (int, float)) or not jct > 0]
+    return f"the JCT of {', '.join(bad)} is not a positive number of seconds" if bad else None
 
 
 def _calibrate(args, real: dict | None) -> None:
