@@ -74,6 +74,8 @@ def unwritable_file(path: str) -> str | None:
     try:  # made and removed: what permissions alone do not tell (root, /proc, a read-only mount)
         open(path, "x").close()
         os.remove(path)
+    except FileExistsError:  # made meanwhile (another process checking the same flag)
+        return None
     except OSError as e:
         return f"cannot write {path}: {e.strerror}"
     return None
