@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import xxhash
 
-from dualjax.outputs import output_file
+from dualjax.outputs import output_file, write_json
 from kvstore.pagecache import DIRECT_ALIGN, set_direct
 from kvstore.preads import VERIFY_BYTES
 
@@ -72,11 +72,9 @@ def bench_args(name: str, description: str, add_arguments, argv=None, args=None)
 
 def emit(result: dict, path: str | None) -> None:
     """Print the one JSON object (stdout) and write it to `path` when given."""
-    text = json.dumps(result, indent=1, sort_keys=False)
-    print(text)
+    print(json.dumps(result, indent=1, sort_keys=False))
     if path:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        write_json(path, result)
     sys.stdout.flush()
 
 

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from dualjax.bench.common import _files, drop_page_cache, load_page_cache
+from dualjax.bench.common import _files, drop_page_cache, emit, load_page_cache
+from dualjax.outputs import OutputError
 from kvstore.pagecache import page_cached
 
 
@@ -34,3 +35,10 @@ def test_hard_links_once(tmp_path):
         os.link(tmp_path / "data" / "seg", tmp_path / "index" / h)
     (tmp_path / "other").write_bytes(b"y")
     assert len(_files([str(tmp_path)])) == 2
+
+
+def test_emit_reports_a_json_file_it_cannot_write_in_one_line(capsys):
+    # the result is printed first; the file write then fails (a full disk) as the CLI's one-line error
+    with pytest.raises(OutputError, match="cannot write /dev/full"):
+        emit({"jct_s": 1.0}, "/dev/full")
+    assert '"jct_s": 1.0' in capsys.readouterr().out
