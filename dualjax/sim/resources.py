@@ -153,7 +153,7 @@ class Buffer:
 
 
 class Node:
-    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "relay_bytes", "write_bytes", "busy_s")
+    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "kv_sent_bytes", "write_bytes", "busy_s")
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
@@ -163,7 +163,7 @@ class Node:
         self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)
         self.series: list[float] = []  # storage bytes read per window
-        self.relay_bytes = self.write_bytes = self.busy_s = 0.0
+        self.kv_sent_bytes = self.write_bytes = self.busy_s = 0.0
 
     def account_read(self, start: float, end: float, nbytes: float) -> None:
         """Spread a read's bytes over the windows it spans."""
