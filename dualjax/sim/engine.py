@@ -167,17 +167,19 @@ class Simulation(PrefillSide, DecodeSide):
         """alpha from the storage NIC's effective rate (with a queue-depth curve its saturated rate: alpha
         separates long read queues, where the depth is high); beta from the prefill rate: on `local` what the
         runtime profiles at start-up, else a pass of as many of the workload's typical rows as the quota
-        admits on their attention time. A profile without an attention term (a fit with a = 0) puts no
-        bound on the rows, so beta then rates a one-row pass, the shape the runtime's start-up profile times."""
+        admits on their attention time (at most one per agent). A profile without an attention term (a fit
+        with a = 0) puts no bound on the rows, so beta then rates a one-row pass, the shape the runtime's
+        start-up profile times."""
         snic = self.hw.snic_bytes_per_s * self.hw.snic_efficiency
         if self.hw.prefill_tokens_per_s is not None:
             return Thresholds.from_rates(snic, self.kvb, self.hw.prefill_tokens_per_s)
         new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
         cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
         attention = self.costs.attention(cached, new)
-        # the quota bounds one attention layer of the pass (`batching.pack`); `attention` spans every layer
+        # the quota bounds one attention layer of the pass (`batching.pack`); `attention` spans every layer;
+        # a pass holds at most one request per agent
         quota_s = self.cfg.compute_quota_ms / 1e3 * self.model.n_layers
-        rows = max(1, int(quota_s / attention)) if attention > 0 else 1
+        rows = min(max(1, int(quota_s / attention)), len(self.append)) if attention > 0 else 1
         rate = rows * new / self.costs.pass_seconds([(cached, new)] * rows)
         return Thresholds.from_rates(snic, self.kvb, rate, measured_at=(cached, new))
 

@@ -83,13 +83,23 @@ def test_beta_rates_a_pass_of_the_rows_the_quota_admits():
     # saturated rate at 800 new tokens), so the rows change beta.
     hw = dataclasses.replace(TOY_HW, prefill_fit=(1e-6, 1e-3, 0.0), prefill_half_tokens=800)
     cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic", compute_quota_ms=50.0)
-    sim = Simulation(cfg, hw, TOY_MODEL, [np.array([200])] * 3, [np.array([5])] * 3, np.zeros(3), progress=False)
+    sim = Simulation(cfg, hw, TOY_MODEL, [np.array([200])] * 8, [np.array([5])] * 8, np.zeros(8), progress=False)
     packed = pack([Work(i, 102, 200) for i in range(16)], sim.costs, 0.05, cfg.prefill_chunk, padded=hw.padded,
                   layers=TOY_MODEL.n_layers)
     rows = sum(n == 200 for _, n in packed)
     assert rows == 4
     rate = rows * 200 / sim.costs.pass_seconds([(102, 200)] * rows)
     assert sim.scheduler.th.beta_tokens == pytest.approx(5 * rate * (102 + 200) / 200)
+
+
+def test_beta_rates_a_pass_of_at_most_one_row_per_agent(tmp_path):
+    # one agent of two 10-token turns (typical row: 12 cached, 10 new): the quota would admit millions of
+    # such rows; beta's pass holds one
+    path = write_jsonl(str(tmp_path / "short.jsonl"), [{"turns": [{"append_len": 10, "gen": 2}] * 2}])
+    sim = build(SimConfig(ClusterSpec(1, 1), model="tiny", workload=path), progress=False)
+    rate = 10 / sim.costs.pass_seconds([(12, 10)])
+    assert sim.scheduler.th.beta_tokens == pytest.approx(5 * rate * (12 + 10) / 10)
+    assert sim.run().columns()["done"].size == 2
 
 
 def test_a_fit_without_attention_term_puts_no_quota_on_the_batch():
