@@ -63,7 +63,7 @@ def pack(queue: list[Work], fit, quota_s: float | None, max_chunk: int, min_chun
     attention on CPU) run rows padded to the longest prefix and chunk, so B rows are predicted to take
     B * attention(max cached, max new); ragged ones (GPUs, in the simulator) the sum of each row's. A
     request that does not fit whole gets the largest chunk that does (binary search) and closes the
-    batch; the first request always gets at least `min_chunk` tokens, so every pass progresses. Where
+    batch; a first request of which not one token fits gets `min_chunk`, so every pass progresses. Where
     the fit predicts no attention time (a = 0) every request fits: only `max_chunk` bounds the pass."""
     if quota_s is None:
         return [(w, min(w.remaining, max_chunk)) for w in queue]

@@ -262,6 +262,7 @@ class Scheduler:
         self.group_queues = [Waiting() for _ in self.groups]  # level 1's assignment, FIFO per group
         self.group_queued = np.zeros(len(self.groups), np.int64)  # tokens assigned to a group, not yet placed
         self._order: dict[int, int] = {}  # waiting request id -> its place in the global FIFO
+        self._queue: Waiting | None = None  # the queue `schedule` places from (the first one it is given)
         self._seen = 0  # requests of the waiting queue already given a group
         # Heap of (order of the head, group) over the groups whose head may be placeable; _in_heads[g]: the
         # order group g is in the heap with (None: not in it); _pending: groups a DE change may have unblocked.
@@ -340,7 +341,12 @@ class Scheduler:
         whose DE group has no memory for it waits without holding up the other groups' (inside a group,
         no overtaking); no PE under beta stops the round. Only the heads of the groups' queues are
         candidates, taken in FIFO order from a heap, so a round costs its placements and the groups
-        that changed, not the length of the queue."""
+        that changed, not the length of the queue. `waiting` is the same queue every round (the scheduler
+        tracks the requests that joined it since the last)."""
+        if self._queue is None:
+            self._queue = waiting
+        elif waiting is not self._queue:
+            raise ValueError("a Scheduler places the requests of one Waiting queue: pass the same one every round")
         if self.naive:
             return self._schedule_naive(waiting)
         self._assign_groups(waiting)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 
 import numpy as np
 
@@ -191,6 +192,8 @@ def _agent_from_json(d: dict, vocab: int, rng) -> Agent:
         raise ValueError("expected an object with a non-empty list 'turns'")
     turns = []
     for i, t in enumerate(d["turns"]):
+        if not isinstance(t, dict):
+            raise ValueError(f"turn {i}: expected an object, got {t!r}")
         if "append" in t:
             ids = np.asarray(t["append"])
             if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
@@ -206,9 +209,10 @@ def _agent_from_json(d: dict, vocab: int, rng) -> Agent:
         if not isinstance(gen, int) or gen < 1:
             raise ValueError(f"turn {i}: 'gen' must be an integer >= 1, got {gen!r}")
         turns.append(Turn(ids.astype(np.int32), gen))
-    start, think = float(d.get("start", 0.0)), float(d.get("think_s", 0.0))
-    if start < 0 or think < 0:
-        raise ValueError("'start' and 'think_s' must be >= 0")
+    start, think = d.get("start", 0.0), d.get("think_s", 0.0)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in (start, think)):
+        raise ValueError(f"'start' and 'think_s' must be finite numbers >= 0, got {start!r} and {think!r}")
+    start, think = float(start), float(think)
     return Agent(start, turns, think)
 
 

@@ -139,6 +139,16 @@ def test_a_request_that_fits_no_group_holds_up_only_its_own_group():
     assert [(d.request.id, d.de) for d in s.schedule(queue)] == [(0, 3)]
 
 
+def test_a_second_waiting_queue_is_refused():
+    # the scheduler counts the requests that joined its queue since the last round: another queue would
+    # leave its requests unseen (never placed), so it is an error, not a silent wait
+    s = S(pe(1), de(2))
+    queue = Waiting([req(0)])
+    assert [d.request.id for d in s.schedule(queue)] == [0]
+    with pytest.raises(ValueError, match="one Waiting queue"):
+        s.schedule(Waiting([req(1)]))
+
+
 def test_naive_scheduler_round_robins_engines_without_the_rules():
     # Over beta (5,000 tokens) and alpha no longer matter: PEs 1, 2, 1, 2; DEs 3, 4, 3, 4, skipping DE 4 when
     # it lacks memory for a request.

@@ -87,7 +87,9 @@ def test_trajectory_file_round_trip(tmp_path):
     (json.dumps({"turns": [{"append": [1, 500], "gen": 1}]}), "outside the vocabulary"),
     (json.dumps({"turns": [{"append_len": 3, "gen": 0}]}), "'gen' must be an integer >= 1"),
     (json.dumps({"turns": [{"gen": 3}]}), "needs 'append'"),
-    (json.dumps({"start": -1, "turns": [{"append_len": 3, "gen": 1}]}), "must be >= 0"),
+    (json.dumps({"start": -1, "turns": [{"append_len": 3, "gen": 1}]}), "must be finite numbers >= 0"),
+    ('{"start": NaN, "turns": [{"append_len": 3, "gen": 1}]}', "must be finite numbers >= 0"),
+    (json.dumps({"turns": ["x"]}), "turn 0: expected an object"),
 ])
 def test_a_bad_trajectory_line_is_rejected_with_its_number(tmp_path, line, reason):
     path = tmp_path / "bad.jsonl"
