@@ -27,7 +27,8 @@ class SimError(ValueError):
 
 
 class FifoLink:
-    """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate."""
+    """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate, in the
+    order reserved (one reserved to start later holds the link from then; later reservations follow it)."""
 
     __slots__ = ("rate", "free", "free_at", "bytes", "busy_s")
 
