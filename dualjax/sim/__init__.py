@@ -73,9 +73,8 @@ def build(cfg: SimConfig, policy: Policy | str | None = None, hardware: Hardware
         raise SimError(f"hardware profile {hw.name!r} was calibrated with model {hw.model!r}, not {cfg.model!r}: "
                        f"run `dualjax calibrate --model {cfg.model}`")
     append, gen, starts, think = workload_lengths(cfg)
-    sim = Simulation(cfg, hw, model_cost(cfg.model), append, gen, starts, think, policy, progress)
-    sim.trace = session_trace(cfg)
-    return sim
+    return Simulation(cfg, hw, model_cost(cfg.model), append, gen, starts, think, policy, progress,
+                      trace=session_trace(cfg))
 
 
 def simulate(cfg: SimConfig, out: str | None = None, policy: Policy | str | None = None,

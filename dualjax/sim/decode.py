@@ -18,18 +18,19 @@ from collections import deque
 
 import numpy as np
 
-from dualjax.sim.resources import Lane, Node
+from dualjax.sim.resources import Costs, Lane, Node
 
 
 class DecodeEngine:
     """A continuous decode batch as a fluid: `steps` advance at 1/step_s between membership changes."""
 
     __slots__ = ("rank", "node", "tx", "rx", "members", "n", "ready", "steps", "t_ref", "step_s", "ctx_base",
-                 "version", "busy_s", "ep_nodes", "ep_floor_s")
+                 "version", "busy_s", "costs", "ep_nodes", "ep_floor_s")
 
-    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, ep_nodes: int = 1, ep_floor_s: float = 0.0):
+    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, costs: Costs, ep_nodes: int = 1):
         self.rank, self.node, self.tx, self.rx, self.ep_nodes = rank, node, tx, rx, ep_nodes
-        self.ep_floor_s = ep_floor_s  # the EP all-to-all's latency floor per step (`Costs.ep_latency_s`)
+        self.costs = costs  # its EP group's: the weights each step reads depend on the group's size
+        self.ep_floor_s = costs.ep_latency_s(costs.de_ep)  # the EP all-to-all's latency floor per step
         self.members: list[tuple[float, int]] = []  # heap of (finish step, request id)
         self.n, self.ready = 0, deque()
         self.steps = self.t_ref = self.step_s = self.busy_s = 0.0
@@ -124,9 +125,9 @@ class DecodeSide:
         if not n:
             de.tx.model_util = de.rx.model_util = 0.0
             return
-        ep = self.costs.ep_bytes(n, de.ep_nodes)
+        ep = de.costs.ep_bytes(n, de.ep_nodes)
         ep_s = ep / min(de.tx.model_rate(now), de.rx.model_rate(now)) if ep else 0.0
-        step_s = self.costs.decode_step_s(n, de.ctx_base + n * de.steps, max(ep_s, de.ep_floor_s))
+        step_s = de.costs.decode_step_s(n, de.ctx_base + n * de.steps, max(ep_s, de.ep_floor_s))
         if self.shared:
             step_s *= self._slowdown(de)
         de.step_s = step_s

@@ -76,13 +76,15 @@ def ep_groups(nodes: int, gpus_per_node: int, ep_gpus: int) -> list[int]:
 class Simulation(PrefillSide, DecodeSide):
     """Run with `run()`; then `columns()` per request, `host_stats()` per node, `pe_summary()`."""
 
-    trace: SessionTable | None = None  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
-
     def __init__(self, cfg: SimConfig, hw: Hardware, model: ModelCost, append: list[np.ndarray],
                  gen: list[np.ndarray], starts: np.ndarray, think_s: float = 0.0, policy: Policy | str | None = None,
-                 progress: bool = True):
+                 progress: bool = True, trace: SessionTable | None = None):
         self.cfg, self.hw, self.model = cfg, hw, model
-        longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
+        self.trace = trace  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
+        if trace is None:
+            longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
+        else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
+            longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
         self.capacity = DEFAULT_BUCKETS.prefix(longest + 1)  # as `dualjax.runtime.decode_host.decode_capacity`
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
@@ -146,14 +148,14 @@ class Simulation(PrefillSide, DecodeSide):
                             if mem <= 0:
                                 raise SimError(self._no_memory(size * g))
                             self.de_mem = max(self.de_mem, mem)
-                            e = DecodeEngine(rank, node, tx, rx, size, costs.ep_latency_s(size * g))
+                            e = DecodeEngine(rank, node, tx, rx, costs, size)
                             self.decoders.append(e)
                             views.append(EngineView(rank, role, node.id, free_tokens=None if math.isinf(mem) else mem))
                         self.engines[rank] = e
                         rank += 1
                 if role == "prefill":
                     self.groups.append(PeGroup(members, size))
-                self.costs = costs  # every group's costs agree but for memory and EP bytes
+                self.costs = costs  # every PE group's prefill costs agree (a DE keeps its group's, `DecodeEngine`)
         return views
 
     def _no_memory(self, ep: int) -> str:
@@ -165,15 +167,19 @@ class Simulation(PrefillSide, DecodeSide):
         """alpha from the storage NIC's effective rate (with a queue-depth curve its saturated rate: alpha
         separates long read queues, where the depth is high); beta from the prefill rate: on `local` what the
         runtime profiles at start-up, else a pass of as many of the workload's typical rows as the quota
-        admits on their attention time. A profile without an attention term (a fit with a = 0) puts no
-        bound on the rows, so beta then rates a one-row pass, the shape the runtime's start-up profile times."""
+        admits on their attention time (at most one per agent). A profile without an attention term (a fit
+        with a = 0) puts no bound on the rows, so beta then rates a one-row pass, the shape the runtime's
+        start-up profile times."""
         snic = self.hw.snic_bytes_per_s * self.hw.snic_efficiency
         if self.hw.prefill_tokens_per_s is not None:
             return Thresholds.from_rates(snic, self.kvb, self.hw.prefill_tokens_per_s)
         new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
         cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
         attention = self.costs.attention(cached, new)
-        rows = max(1, int(self.cfg.compute_quota_ms / 1e3 / attention)) if attention > 0 else 1
+        # the quota bounds one attention layer of the pass (`batching.pack`); `attention` spans every layer;
+        # a pass holds at most one request per agent
+        quota_s = self.cfg.compute_quota_ms / 1e3 * self.model.n_layers
+        rows = min(max(1, int(quota_s / attention)), len(self.append)) if attention > 0 else 1
         rate = rows * new / self.costs.pass_seconds([(cached, new)] * rows)
         return Thresholds.from_rates(snic, self.kvb, rate, measured_at=(cached, new))
 
@@ -335,7 +341,7 @@ class Simulation(PrefillSide, DecodeSide):
             engines = [e for e in self.engines.values() if e.node is node]
             cum = np.concatenate([[0.0], np.cumsum(node.series)])
             series = [(k * node.window, float(b)) for k, b in enumerate(cum)]
-            out.append(HostStats(node.id, node.role, kv_sent_bytes=node.relay_bytes,
+            out.append(HostStats(node.id, node.role, kv_sent_bytes=node.kv_sent_bytes,
                                  busy_s=sum(e.busy_s for e in engines) / len(engines),
                                  buffer_peak_bytes=node.buffer.peak, buffer_budget_bytes=node.buffer.budget,
                                  snic=SnicStats(node.snic.bytes, node.snic.busy_s, series=series),

@@ -218,7 +218,8 @@ def _sensitivity(p: Paper, agents: int, log) -> dict:
 
 
 def speedup(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a / b
+    """a / b; None where either is missing or b is 0 (e.g. a capacity the search found none of)."""
+    return None if a is None or not b else a / b
 
 
 def _f(x, fmt: str = ",.0f") -> str:

@@ -248,10 +248,11 @@ class PrefillSide:
         return end, outputs
 
     def _to_gpu(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
-        """Move `nbytes` of a row's prefix KV from the buffers that hold it to the PE's HBM: the relay from
-        the DE buffer (all of it on the DE path, the DE's share of a split) and a loopback over the PE's
-        compute NIC (the rest). Returns the end."""
-        relay = nbytes if w.path == "de" else min(nbytes, w.de * self.kvb)
+        """Move `nbytes` of a row's prefix KV from the buffers that hold it to the PE's HBM: on its first pass
+        the relay of the hit tokens its DE read, from the DE buffer, and a loopback over the PE's compute NIC
+        of the rest. A chunked row's later passes find the relayed share on the PE's host, as the runtime
+        keeps it there, and the chunks it computed: a loopback of all of it. Returns the end."""
+        relay = 0.0 if w.started else min(nbytes, w.de * self.kvb)
         end = self._relay(w, pe, t, relay) if relay else t
         if nbytes > relay or not relay:
             end = max(end, self._loopback(pe, t, nbytes - relay))
@@ -260,7 +261,7 @@ class PrefillSide:
     def _relay(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
         """`nbytes` of a row's prefix KV from its DE's buffer to the PE's HBM. Returns the end."""
         de = self.engines[self.cols["de"][w.rid]]
-        de.node.relay_bytes += nbytes
+        de.node.kv_sent_bytes += nbytes
         end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
         if not self.kv_priority:
             self._kv_queued(de)
@@ -279,6 +280,7 @@ class PrefillSide:
         c = self.cols
         rid = w.rid
         out = (c["prompt_tokens"][rid] - w.de) * self.kvb
+        pe.node.kv_sent_bytes += out
         de = self.engines[c["de"][rid]]
         end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
         if not self.kv_priority:

@@ -27,7 +27,8 @@ class SimError(ValueError):
 
 
 class FifoLink:
-    """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate."""
+    """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate, in the
+    order reserved (one reserved to start later holds the link from then; later reservations follow it)."""
 
     __slots__ = ("rate", "free", "free_at", "bytes", "busy_s")
 
@@ -153,7 +154,7 @@ class Buffer:
 
 
 class Node:
-    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "relay_bytes", "write_bytes", "busy_s")
+    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "kv_sent_bytes", "write_bytes", "busy_s")
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
@@ -163,7 +164,7 @@ class Node:
         self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)
         self.series: list[float] = []  # storage bytes read per window
-        self.relay_bytes = self.write_bytes = self.busy_s = 0.0
+        self.kv_sent_bytes = self.write_bytes = self.busy_s = 0.0
 
     def account_read(self, start: float, end: float, nbytes: float) -> None:
         """Spread a read's bytes over the windows it spans."""

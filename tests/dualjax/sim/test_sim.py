@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from dualjax.cli.main import main
+from dualjax.core.batching import Work, pack
 from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import SimError, Simulation, build, simulate
 from dualjax.sim.engine import _slowdowns
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
 from dualjax.sim.resources import Buffer, Costs, DepthLink, FifoLink, PassTable
+from tests.dualjax.core.trace_fixtures import write_jsonl
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
 # storage 1 MB/s, free transfers; a model of 4 layers and 1,000 bytes of KV per token.
@@ -74,6 +76,32 @@ def test_a_measured_profile_packs_on_attention_time_by_hand():
     assert sim.pe_summary()["passes"] == 2
 
 
+def test_beta_rates_a_pass_of_the_rows_the_quota_admits():
+    # beta's pass holds as many of the workload's typical rows (102 cached, 200 new: 40.4 ms of attention over
+    # the 4 layers, 10.1 ms per layer) as `pack` admits whole under a 50-ms quota on one layer: 4 rows (a quota
+    # on all four layers' attention would admit 1). Passes of more tokens run at a higher rate (half of the
+    # saturated rate at 800 new tokens), so the rows change beta.
+    hw = dataclasses.replace(TOY_HW, prefill_fit=(1e-6, 1e-3, 0.0), prefill_half_tokens=800)
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="basic", compute_quota_ms=50.0)
+    sim = Simulation(cfg, hw, TOY_MODEL, [np.array([200])] * 8, [np.array([5])] * 8, np.zeros(8), progress=False)
+    packed = pack([Work(i, 102, 200) for i in range(16)], sim.costs, 0.05, cfg.prefill_chunk, padded=hw.padded,
+                  layers=TOY_MODEL.n_layers)
+    rows = sum(n == 200 for _, n in packed)
+    assert rows == 4
+    rate = rows * 200 / sim.costs.pass_seconds([(102, 200)] * rows)
+    assert sim.scheduler.th.beta_tokens == pytest.approx(5 * rate * (102 + 200) / 200)
+
+
+def test_beta_rates_a_pass_of_at_most_one_row_per_agent(tmp_path):
+    # one agent of two 10-token turns (typical row: 12 cached, 10 new): the quota would admit millions of
+    # such rows; beta's pass holds one
+    path = write_jsonl(str(tmp_path / "short.jsonl"), [{"turns": [{"append_len": 10, "gen": 2}] * 2}])
+    sim = build(SimConfig(ClusterSpec(1, 1), model="tiny", workload=path), progress=False)
+    rate = 10 / sim.costs.pass_seconds([(12, 10)])
+    assert sim.scheduler.th.beta_tokens == pytest.approx(5 * rate * (12 + 10) / 10)
+    assert sim.run().columns()["done"].size == 2
+
+
 def test_a_fit_without_attention_term_puts_no_quota_on_the_batch():
     # a = 0 (TOY_HW: 1 ms per new token, nothing else): no attention time, so the quota never binds and
     # 1,000 new tokens go in one pass of 1 s (a quota on the whole row would cut them into 300-token chunks).
@@ -91,6 +119,18 @@ def test_layerwise_overlaps_the_load_by_hand():
     # The pass ends at max(0.14 + 0.061, 0.14 + 0.016 + 0.061, 0.204 + 0.061 / 4) = 0.21925.
     c = toy("pe-only").columns()
     assert c["prefill_end"][1] == pytest.approx(0.21925) and c["done"][1] == pytest.approx(0.25925)
+
+
+def test_a_chunked_row_relays_its_de_share_once():
+    # Turn 1 hits 64 tokens and computes 241 more in 50-token chunks (5 passes): the DE relays the hit tokens
+    # it read once, not the growing prefix at every pass; a PE host sends the prompts' KV to the DE.
+    cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="de-only", prefill_chunk=50)
+    sim = Simulation(cfg, TOY_HW, TOY_MODEL, [np.array([100, 200])], [np.array([5, 5])], np.zeros(1),
+                     progress=False).run()
+    c, hosts = sim.columns(), sim.host_stats()
+    assert sim.pe_summary()["passes"] > 5 and c["de_tokens"].sum() > 0
+    assert hosts[1].kv_sent_bytes == c["de_tokens"].sum() * TOY_MODEL.kv_bytes_per_token
+    assert hosts[0].kv_sent_bytes == (c["prompt_tokens"] - c["de_tokens"]).sum() * TOY_MODEL.kv_bytes_per_token
 
 
 def test_de_path_reads_on_the_decode_node():
@@ -418,6 +458,29 @@ def test_decode_steps_wait_for_the_ep_latency_floor():
     assert costs.ep_latency_s(1) == 0.0 and costs.ep_latency_s(1024) == pytest.approx(58 * 554e-6)
     r = simulate(SimConfig(ClusterSpec(2, 4), workload="paper-32k", agents=8, turns=3), progress=False)
     assert r["tpot_s"]["p50"] >= 58 * 428e-6 + PAPER_H800.decode_step_overhead_s  # 4 DE nodes: one EP32 group
+
+
+def test_each_decode_engine_steps_with_its_own_group_s_weights():
+    # 5 DE nodes of 8 GPUs in EP groups of at most 32 GPUs: one group of 3 nodes (EP24) and one of 2 (EP16).
+    # A DE's step reads its own group's share of the weights and waits for its own group's EP latency.
+    sim = build(SimConfig(ClusterSpec(2, 5), workload="paper-64k", agents=8, turns=2), progress=False)
+    assert sorted({d.ep_nodes for d in sim.decoders}) == [2, 3]
+    for d in sim.decoders:
+        ep = d.ep_nodes * sim.hw.gpus_per_node
+        assert d.costs.de_weights == sim.model.weights_per_gpu(ep)
+        assert d.ep_floor_s == Costs(sim.hw, sim.model, sim.capacity).ep_latency_s(ep)
+
+
+def test_a_recorded_trace_sizes_decode_slots_by_its_own_prompts(tmp_path):
+    # Mooncake records replay their own prompts (the second shares 6 of its 10 blocks): decode slots hold the
+    # longest prompt + output, 5,010 tokens, not the first prompt plus the second's misses (3,500 + 1,928).
+    recs = [{"timestamp": 0, "input_length": 3500, "output_length": 10, "hash_ids": list(range(7))},
+            {"timestamp": 3000, "input_length": 5000, "output_length": 10, "hash_ids": [*range(6), *range(100, 104)]}]
+    path = write_jsonl(str(tmp_path / "mc.jsonl"), recs)
+    hw = dataclasses.replace(PAPER_H800, decode_fit=(0.01, 1e-7), decode_batch=1)
+    sim = build(SimConfig(ClusterSpec(2, 2), workload=f"mooncake:{path}"), hardware=hw, progress=False)
+    assert sim.capacity >= 5010
+    assert sim.run().columns()["done"].size == 2
 
 
 def test_buffer_peaks_are_reported_against_their_budgets():
