@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from typing import NamedTuple
@@ -25,14 +26,15 @@ from dualjax.plots import plot_run
 
 TABLE, REPORT = "requests.parquet", "report.json"
 KINDS = ("real", "simulated")
-NUMBER, NULL = (int, float), type(None)
-# what readers of report.json (`dualjax report`, `comparison`) take from it, and its JSON type
-READ_KEYS = {"config": dict, "config.cluster": dict, "config.cluster.prefill": int, "config.cluster.decode": int,
-             "policy": str, "requests": int, "jct_s": NUMBER, "tokens_per_s": (*NUMBER, NULL), "hit_rate": NUMBER,
-             "ttft_s": dict, "ttft_s.p50": (*NUMBER, NULL), "ttft_s.p99": (*NUMBER, NULL), "tpot_s": dict,
-             "tpot_s.p50": (*NUMBER, NULL), "slo": dict, "slo.attained": NUMBER,
-             "snic_max_over_avg": (*NUMBER, NULL), "relay_bytes": NUMBER, "workload": dict,
-             "workload.odd_records": dict, "store": dict, "storage_series": dict, "sim": (dict, NULL)}
+# what readers of report.json (`dualjax report`, `comparison`) take from it; each key's JSON types are the
+# schema's (report.schema.json), and a parent is listed before its keys
+READ_KEYS = ("config", "config.cluster", "config.cluster.prefill", "config.cluster.decode", "policy", "requests",
+             "jct_s", "tokens_per_s", "hit_rate", "ttft_s", "ttft_s.p50", "ttft_s.p99", "tpot_s", "tpot_s.p50", "slo",
+             "slo.attained", "snic_max_over_avg", "relay_bytes", "workload", "workload.odd_records", "store",
+             "storage_series", "sim")
+_JSON_TYPES = {"object": ((dict,), "an object"), "integer": ((int,), "an integer"),
+               "number": ((int, float), "a number"), "string": ((str,), "a string"), "null": ((type(None),), "null"),
+               "array": ((list,), "an array"), "boolean": ((bool,), "a boolean")}
 
 
 class OutputError(FileNotFoundError):
@@ -260,25 +262,29 @@ def load_report(run_dir: str) -> dict:
     return report
 
 
+@functools.cache
+def _schema() -> dict:
+    with open(os.path.join(os.path.dirname(__file__), "report.schema.json")) as f:
+        return json.load(f)
+
+
 def _unreadable(report: dict) -> str | None:
-    """What of READ_KEYS `report` lacks or holds with another type, or None."""
-    keys = {**READ_KEYS, **({"sim.config": dict, "sim.config.window_s": NUMBER} if report.get("sim") else {})}
-    for key, types in keys.items():
+    """What of READ_KEYS `report` lacks or holds with another type than the schema's, or None."""
+    schema = _schema()
+    keys = READ_KEYS + (("sim.config", "sim.config.window_s") if report.get("sim") else ())
+    for key in keys:
         *parents, last = key.split(".")
-        v = report
+        v, node = report, schema
         for k in parents:
-            v = v[k]  # a dict: READ_KEYS lists each parent before its keys
+            v, node = v[k], node["properties"][k]  # a dict: each parent is checked before its keys
         if last not in v:
             return f"no {key}"
-        if not isinstance(v[last], types) or isinstance(v[last], bool):
-            return f"{key} is {json.dumps(v[last])[:40]}, not {_type_name(types)}"
+        kinds = node["properties"][last]["type"]
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        types = tuple(t for k in kinds for t in _JSON_TYPES[k][0])
+        if not isinstance(v[last], types) or (isinstance(v[last], bool) and "boolean" not in kinds):
+            return f"{key} is {json.dumps(v[last])[:40]}, not {' or '.join(_JSON_TYPES[k][1] for k in kinds)}"
     return None
-
-
-def _type_name(types) -> str:
-    names = {dict: "an object", int: "an integer", float: "a number", str: "a string", NULL: "null"}
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join(names[t] for t in types if not (t is int and float in types))
 
 
 def load_run(run_dir: str, columns: list[str] | None = None) -> Run:
