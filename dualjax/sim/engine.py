@@ -110,6 +110,9 @@ class Simulation(PrefillSide, DecodeSide):
         self.next_turn = [0] * len(append)
         self.next_id = 0
         self.events: list = []
+        # (end, order, node, tokens) of the reads whose end wakes nothing: no event of their own; the scheduler's
+        # read queues shrink by those due before the event that next places requests (`_schedule`)
+        self.reads_due: list = []
         self.seeded, self.wall_s = False, 0.0  # `run`: the agents' starts queued; its wall time so far
         self.tick = itertools.count(1).__next__  # events due at the same time run in the order queued
         self.now = 0.0
@@ -223,9 +226,10 @@ class Simulation(PrefillSide, DecodeSide):
         if until is not None:  # a stop after every event due at `until`, those it starts included
             heappush(events, (until, math.inf, None, ()))
         while events:
-            t, _, fn, args = pop(events)
+            t, order, fn, args = pop(events)
             if fn is None:  # a stop: this call's, or one an interrupted call left behind
                 if t == until:
+                    self._reads_done((t, order))
                     break
                 continue
             self.now = t
@@ -233,12 +237,14 @@ class Simulation(PrefillSide, DecodeSide):
             n += 1
             if self.dirty:
                 if waiting:
-                    self._schedule()
+                    self._schedule((t, order))
                 else:  # nothing to place; the next arrival sets it again
                     self.dirty = False
             if self.completed - done >= 1000:
                 bar.update(self.completed - done)
                 done = self.completed
+        else:
+            self._reads_done((math.inf,))
         self.events_done += n
 
     # -- arrivals and placement --------------------------------------------------------------------
@@ -260,14 +266,24 @@ class Simulation(PrefillSide, DecodeSide):
         self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen, self.T))
         self.dirty = True
 
-    def _schedule(self) -> None:
+    def _schedule(self, due: tuple) -> None:
+        """Place what can be placed after the event keyed `due` = (time, order)."""
         self.dirty = False
+        self._reads_done(due)
         sch = self.scheduler
         for d in sch.schedule(self.waiting):
             self._place(d)
             i = sch.index[d.de]
             if sch.free[i] != math.inf:  # the DE's KV memory taken, as a fraction (`link_summary`)
                 self.de_mem_peak = max(self.de_mem_peak, sch.tokens[i] / (sch.tokens[i] + sch.free[i]))
+
+    def _reads_done(self, key: tuple) -> None:
+        """The reads of `reads_due` that end before `key` = (time, order), as an event would have, leave
+        their nodes' read queues."""
+        sch, due = self.scheduler, self.reads_due
+        while due and due[0] < key:
+            _, _, node, tokens = heappop(due)
+            sch.set_read_queue(node, sch.read_queue(node) - tokens)
 
     def _place(self, d) -> None:
         """Put a placed request on its PE with its plan: the hit tokens loaded (the DE's share first), the
@@ -314,10 +330,12 @@ class Simulation(PrefillSide, DecodeSide):
         t0, t1 = node.snic.reserve(self.now, nbytes)
         node.account_read(t0, t1, nbytes)
         t1 = max(t1, node.dram.reserve(self.now, nbytes)[1])  # written into the host buffer
-        if into_hbm:  # into HBM before the pass: the loopback, behind the read
-            self.at(t1, self._read_done, node.id, tokens, None)
-            t1 = self._loopback(pe, t1, nbytes)
-        else:  # one event: the read queue shrinks and the PE may start
+        if into_hbm or self.layerwise:  # its end wakes no PE (Basic's batch pokes its own, `_form`; layerwise, a
+            # pass took the row while it loads, `_ready`): no event, the read queue shrinks before the next placement
+            heappush(self.reads_due, (t1, self.tick(), node.id, tokens))
+            if into_hbm:  # into HBM before the pass: the loopback, behind the read
+                t1 = self._loopback(pe, t1, nbytes)
+        else:  # Basic, into the PE buffer: one event, the read queue shrinks and the PE may start
             self.at(t1, self._read_done, node.id, tokens, pe)
         if first:
             row.early = (t0, t1)

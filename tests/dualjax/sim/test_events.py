@@ -14,15 +14,15 @@ def _run(agents: int):
 
 
 def _mechanism_events(sim) -> tuple[int, int]:
-    """(events every request takes whatever else runs, requests): an agent's first arrival, a storage read
-    per request with hit blocks, a group pass, and per request its KV's arrival at the DE, its first token
-    (after the loopback into HBM) and, generating more than one token, the decode batch's step event."""
+    """(events every request takes whatever else runs, requests): an agent's first arrival, a group pass, and
+    per request its KV's arrival at the DE, its first token (after the loopback into HBM) and, generating more
+    than one token, the decode batch's step event. A storage read's end is no event: the read queues shrink
+    before the next placement."""
     c = sim.columns()
     n = sim.n_requests
-    reads = int((c["hit_tokens"] > 0).sum())
     multi = int((c["gen_len"] > 1).sum())
     passes = sum(g.passes for g in sim.groups)
-    return len(sim.starts) + reads + passes + 2 * n + multi, n
+    return len(sim.starts) + passes + 2 * n + multi, n
 
 
 def test_a_lone_agent_takes_one_event_per_mechanism():
@@ -34,6 +34,24 @@ def test_concurrent_requests_add_at_most_one_batch_change_each():
     sim = _run(agents=64)
     base, n = _mechanism_events(sim)
     assert base <= sim.events_done <= base + n  # a join re-times its DE's batch: one superseded step event
+
+
+@pytest.mark.parametrize("policy,basic_lands", [("dualpath", "hbm"), ("basic", "hbm"), ("basic", "host")])
+def test_read_queues_shrink_by_every_read_ended_before_a_stop(policy, basic_lands):
+    """Reads end without an event of their own (but Basic's into the PE buffer, which wake their PE): at
+    each stop none that ended is still due, and once every request is done every node's read queue is empty."""
+    cfg = SimConfig(ClusterSpec(2, 4), hardware="paper-h800", model="deepseek-v3.2", workload="paper-64k",
+                    agents=64, turns=4, policy=policy, basic_lands=basic_lands)
+    sim = build(cfg, progress=False)
+    in_flight = 0
+    for k in range(1, 240):
+        sim.run(until=k * 0.25)
+        assert all(t > k * 0.25 for t, *_ in sim.reads_due)
+        in_flight += bool(sim.reads_due)
+    sim.run()
+    assert (in_flight > 0) == (basic_lands == "hbm")  # Basic's reads into the PE buffer are events
+    assert not sim.reads_due
+    assert [sim.scheduler.read_queue(n.id) for n in sim.nodes] == [0] * len(sim.nodes)
 
 
 @pytest.mark.parametrize("policy", ["dualpath", "basic", "dualpath-split", "dualpath-recompute"])
