@@ -346,10 +346,9 @@ class Simulation(PrefillSide, DecodeSide):
         if self.layerwise:  # the oldest row may start while it loads
             self._poke(pe)
 
-    def _read_done(self, node: int, tokens: int, pe: PrefillEngine | None) -> None:
+    def _read_done(self, node: int, tokens: int, pe: PrefillEngine) -> None:
         self.scheduler.set_read_queue(node, self.scheduler.read_queue(node) - tokens)
-        if pe is not None:
-            self._poke(pe)
+        self._poke(pe)
 
     # -- results -----------------------------------------------------------------------------------
     def host_stats(self) -> list[HostStats]:
