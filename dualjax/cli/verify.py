@@ -207,7 +207,7 @@ def hosts_arg(text: str | None) -> int | str | None:
     if not text.isdigit():
         if text != "slurm" and not os.path.isfile(text):
             raise ConfigError(f"--hosts: {text} is neither a number of hosts nor a hostfile")
-        read_nodes(text)  # PlacementError (a ConfigError) naming what is wrong
+        read_nodes(text, flag="--hosts")  # PlacementError (a ConfigError) naming what is wrong
         return text
     if int(text) < 2:
         raise ConfigError(f"--hosts: at least 2 hosts, got {text}")

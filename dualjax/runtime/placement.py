@@ -107,19 +107,20 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Node]:
     return nodes
 
 
-def read_nodes(spec: str, environ=None) -> tuple[list[Node], str]:
-    """(nodes, where they came from) for `--hostfile spec`: a file, or `slurm` for SLURM_JOB_NODELIST."""
+def read_nodes(spec: str, environ=None, flag: str = "--hostfile") -> tuple[list[Node], str]:
+    """(nodes, where they came from) for `--hostfile spec` (errors name `flag`): a file, or `slurm` for
+    SLURM_JOB_NODELIST."""
     environ = os.environ if environ is None else environ
     if spec == "slurm":
         text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
         if not text:
-            raise PlacementError("--hostfile slurm: SLURM_JOB_NODELIST is not set (run inside an allocation)")
+            raise PlacementError(f"{flag} slurm: SLURM_JOB_NODELIST is not set (run inside an allocation)")
         return [Node(n) for n in expand_hostlist(text)], f"the allocation (SLURM_JOB_NODELIST={text})"
     try:
         with open(spec) as f:
             text = f.read()
     except OSError as e:
-        raise PlacementError(f"--hostfile {spec}: {e.strerror}") from None
+        raise PlacementError(f"{flag} {spec}: {e.strerror}") from None
     return parse_hostfile(text, f"hostfile {spec}"), f"hostfile {spec}"
 
 

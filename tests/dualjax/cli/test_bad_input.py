@@ -84,6 +84,7 @@ def test_bad_run_flags(tmp_path, capsys, argv, message):
      "--plot (default {dir}/a.b/out.png): {dir}/a.b/out.png is a directory"),
     (["verify", "--hosts", "{empty}"], "hostfile {empty}, line 1: expected HOST or HOST:N"),
     (["verify", "--hosts", "{file}"], "hostfile {file} lists no hosts"),
+    (["verify", "--hosts", "slurm"], "--hosts slurm: SLURM_JOB_NODELIST is not set"),
     # flags the command would ignore
     (["plan", "--model", "nosuch", "--policy", "x"], "--model, --policy: only with --sweep"),
     (["sim", "--model", "tinyy", "--out", "{dir}/leak", "ablation"], "--model, --out before `ablation`"),
@@ -95,6 +96,8 @@ def test_bad_input(tmp_path, capsys, monkeypatch, argv, message):
     """Bad input, one line and exit code 2 before the command starts work, not a traceback (or a
     failure once a long benchmark has run)."""
     monkeypatch.chdir(tmp_path)  # default output directories are made as the flags are parsed
+    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):  # outside an allocation
+        monkeypatch.delenv(var, raising=False)
     (tmp_path / "f").write_text("")
     (tmp_path / "bad.json").write_text("{bad")
     (tmp_path / "empty.json").write_text("{}")
