@@ -126,13 +126,19 @@ class DecodeSide:
             de.tx.model_util = de.rx.model_util = 0.0
             return
         ep = de.costs.ep_bytes(n, de.ep_nodes)
-        ep_s = ep / min(de.tx.model_rate(now), de.rx.model_rate(now)) if ep else 0.0
-        step_s = de.costs.decode_step_s(n, de.ctx_base + n * de.steps, max(ep_s, de.ep_floor_s))
+        ep_s = 0.0
+        if ep:
+            tx, rx = de.tx.model_rate(now), de.rx.model_rate(now)
+            ep_s = ep / (tx if tx < rx else rx)
+        floor = de.ep_floor_s
+        step_s = de.costs.decode_step_s(n, de.ctx_base + n * de.steps, ep_s if ep_s > floor else floor)
         if self.shared:
             step_s *= self._slowdown(de)
         de.step_s = step_s
-        de.tx.model_util = de.rx.model_util = min(1.0, ep_s / step_s)  # its bytes' share of the line
-        heapq.heappush(self.events, (now + max(0.0, de.members[0][0] - de.steps) * step_s, self.tick(),
+        util = ep_s / step_s  # its bytes' share of the line
+        de.tx.model_util = de.rx.model_util = util if util < 1.0 else 1.0
+        left = de.members[0][0] - de.steps  # steps until the first member finishes
+        heapq.heappush(self.events, (now + (left if left > 0.0 else 0.0) * step_s, self.tick(),
                                      self._decode_event, (de, de.version)))
 
     def _decode_event(self, de: DecodeEngine, version: int) -> None:

@@ -275,7 +275,9 @@ class Simulation(PrefillSide, DecodeSide):
             self._place(d)
             i = sch.index[d.de]
             if sch.free[i] != math.inf:  # the DE's KV memory taken, as a fraction (`link_summary`)
-                self.de_mem_peak = max(self.de_mem_peak, sch.tokens[i] / (sch.tokens[i] + sch.free[i]))
+                taken = sch.tokens[i] / (sch.tokens[i] + sch.free[i])
+                if taken > self.de_mem_peak:
+                    self.de_mem_peak = taken
 
     def _reads_done(self, key: tuple) -> None:
         """The reads of `reads_due` that end before `key` = (time, order), as an event would have, leave
@@ -329,7 +331,9 @@ class Simulation(PrefillSide, DecodeSide):
         nbytes = tokens * self.kvb
         t0, t1 = node.snic.reserve(self.now, nbytes)
         node.account_read(t0, t1, nbytes)
-        t1 = max(t1, node.dram.reserve(self.now, nbytes)[1])  # written into the host buffer
+        written = node.dram.reserve(self.now, nbytes)[1]  # into the host buffer
+        if written > t1:
+            t1 = written
         if into_hbm or self.layerwise:  # its end wakes no PE (Basic's batch pokes its own, `_form`; layerwise, a
             # pass took the row while it loads, `_ready`): no event, the read queue shrinks before the next placement
             heappush(self.reads_due, (t1, self.tick(), node.id, tokens))

@@ -240,9 +240,11 @@ class PrefillSide:
         if first.t1 > now:  # layerwise over a loading row: layer l runs once layer l has arrived
             end = max(end, first.t0 + (first.t1 - first.t0) / L + dur, first.t1 + dur / L)
         for w, n in kept:  # the prefix KV moves into HBM layer by layer while the pass computes
-            if w.cached:
-                arrive = max(self._to_gpu(w, pe, now, w.cached * self.kvb), w.t1)
-                end = max(end, arrive + dur / L)
+            if w.cached:  # its last layer computes once it has arrived and been read
+                arrive = self._to_gpu(w, pe, now, w.cached * self.kvb)
+                last = (arrive if arrive > w.t1 else w.t1) + dur / L
+                if last > end:
+                    end = last
             if n == w.remaining:  # the last chunk: its KV streams out to the DE layer by layer
                 outputs.append((w.rid, self._output(w, pe, now)))
         return end, outputs
@@ -321,4 +323,4 @@ class PrefillSide:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(max(arrive, self.now), self._join, self.engines[c["de"][rid]], rid)
+            self.at(arrive if arrive > self.now else self.now, self._join, self.engines[c["de"][rid]], rid)

@@ -106,10 +106,9 @@ class Lane:
         util = self.model_util
         if not util:
             rate = self.rate
-        elif self.priority:  # KV gets what model traffic leaves, at least 1 - share of the line
-            rate = self.rate * max(1.0 - util, 1.0 - self.share)
-        else:  # an even split while both are active
-            rate = self.rate * max(1.0 - util, 0.5)
+        else:  # KV gets what model traffic leaves, at least 1 - share of the line (priority) or half (an even split)
+            left, least = 1.0 - util, 1.0 - self.share if self.priority else 0.5
+            rate = self.rate * (left if left > least else least)
         self.free_at = end = start + nbytes / rate
         self.busy_s += end - start
         return start, end
@@ -131,7 +130,8 @@ class Buffer:
     def take(self, nbytes: float) -> None:
         """Take `nbytes` that the caller has checked fit (no wait)."""
         self.used += nbytes
-        self.peak = max(self.peak, self.used)
+        if self.used > self.peak:
+            self.peak = self.used
 
     def reserve(self, nbytes: float, then) -> None:
         if nbytes > self.budget:
@@ -141,7 +141,8 @@ class Buffer:
             self.waiting.append((nbytes, then))
             return
         self.used += nbytes
-        self.peak = max(self.peak, self.used)
+        if self.used > self.peak:
+            self.peak = self.used
         then()
 
     def release(self, nbytes: float) -> None:
@@ -149,7 +150,8 @@ class Buffer:
         while self.waiting and self.used + self.waiting[0][0] <= self.budget:
             nbytes, then = self.waiting.popleft()
             self.used += nbytes
-            self.peak = max(self.peak, self.used)
+            if self.used > self.peak:
+                self.peak = self.used
             then()
 
 
@@ -263,13 +265,18 @@ class Costs:
         hw, m = self.hw, self.model
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
             return hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
-        kv = (min(context, batch * m.window) if m.window else context) * m.kv_bytes_per_token
+        visible = context  # positions attended: sparse attention reads at most `window` per request
+        if m.window and batch * m.window < context:
+            visible = batch * m.window
+        kv = visible * m.kv_bytes_per_token
         reads = self.de_weights + kv + context * m.indexer_bytes_per_token
-        return max(batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s)
+        compute, memory = batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s
+        return compute if compute > memory else memory
 
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
         """A step: compute overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
-        return max(self.decode_compute_s(batch, context), ep_s) + self.hw.decode_step_overhead_s
+        compute = self.decode_compute_s(batch, context)
+        return (compute if compute > ep_s else ep_s) + self.hw.decode_step_overhead_s
 
     def ep_latency_s(self, ep_gpus: int) -> float:
         """The least a decode step's expert-parallel all-to-all takes over `ep_gpus` GPUs: one dispatch and one
