@@ -32,6 +32,10 @@ class ProfileError(FileNotFoundError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelCost:
+    """What a model costs per token. Byte and FLOP terms the event loop multiplies by token counts are floats
+    (`model_cost`): an int product above 2**30 is a multi-digit int that each use converts anew (the values are
+    the same either way: every product stays below 2**53)."""
+
     name: str
     n_layers: int
     kv_bytes_per_token: int  # all layers
@@ -48,7 +52,7 @@ class ModelCost:
     @property
     def cache_bytes_per_token(self) -> float:
         """Every part of a token's per-layer cache, all layers: what storage, buffers and links move."""
-        return self.kv_bytes_per_token + self.indexer_bytes_per_token
+        return float(self.kv_bytes_per_token + self.indexer_bytes_per_token)
 
     def weights_per_gpu(self, ep_gpus: int) -> float:
         """Weight bytes one GPU of an expert-parallel group of `ep_gpus` GPUs holds."""
@@ -85,17 +89,18 @@ def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
         # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter).
         cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
         t, experts = cost_terms(cfg), expert_param_count(cfg)
-        return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, t.linear_flops, t.attn_flops, t.window,
+        return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, float(t.linear_flops), t.attn_flops, t.window,
                          t.indexer_flops, t.indexer_bytes_per_token,
                          weight_bytes_per_gpu=param_count(cfg) - experts, expert_weight_bytes=experts,
                          # EP per token and MoE layer: top-k experts x d_model, FP8 dispatch (1 B) + BF16
                          # combine (2 B) (DeepSeek-V3 report §3.4)
-                         ep_bytes_per_token=(cfg.n_layers - cfg.first_k_dense_replace) * cfg.n_experts_per_tok
-                         * cfg.d_model * 3, moe_layers=cfg.n_layers - cfg.first_k_dense_replace)
+                         ep_bytes_per_token=float((cfg.n_layers - cfg.first_k_dense_replace) * cfg.n_experts_per_tok
+                                                  * cfg.d_model * 3),
+                         moe_layers=cfg.n_layers - cfg.first_k_dense_replace)
     import models
     cfg = models.get_config(name)
     t = cost_terms(cfg)
-    return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, t.linear_flops, t.attn_flops,
+    return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, float(t.linear_flops), t.attn_flops,
                      weight_bytes_per_gpu=models.param_bytes(cfg) / gpus_per_weight_copy)
 
 
