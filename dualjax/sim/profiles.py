@@ -32,9 +32,9 @@ class ProfileError(FileNotFoundError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelCost:
-    """What a model costs per token. Byte and FLOP terms the event loop multiplies by token counts are floats
-    (`model_cost`): an int product above 2**30 is a multi-digit int that each use converts anew (the values are
-    the same either way: every product stays below 2**53)."""
+    """What a model costs per token. The terms every transfer and decode step multiply by token counts (cache
+    bytes, linear FLOPs, expert-parallel bytes) are floats: as ints, their products above 2**30 would be
+    multi-digit ints that each use converts anew (the values are the same: every product stays below 2**53)."""
 
     name: str
     n_layers: int
