@@ -32,11 +32,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from dualjax.core.policies import Plan, Policy, as_plan
+from dualjax.core.policies import Plan, Policy, as_plan, direct_init
 
 ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: tokens a PE prefills in 5 s
 
 
+@direct_init
 @dataclasses.dataclass(frozen=True)
 class EngineView:
     rank: int
@@ -52,6 +53,7 @@ class EngineView:
     prefill_s: typing.Callable[[int, int], float] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
+@direct_init
 @dataclasses.dataclass(frozen=True)
 class RequestView:
     id: int
@@ -71,6 +73,7 @@ class RequestView:
         return self.prompt_tokens + self.gen_len
 
 
+@direct_init
 @dataclasses.dataclass(frozen=True)
 class Decision:
     request: RequestView
@@ -108,7 +111,6 @@ class Thresholds:
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
-_new = object.__new__
 
 
 class Waiting:
@@ -249,7 +251,7 @@ class Scheduler:
                 groups.setdefault(self.node_of[i], []).append(i)
         self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
         self.groups = [_compact(groups[n]) for n in sorted(groups)]
-        self.group_tokens = np.array([sum(_take(self.tokens, m)) for m in self.groups], np.int64)
+        self.group_tokens = [sum(_take(self.tokens, m)) for m in self.groups]
         self._overrides = type(policy).engines is not Policy.engines
         self._pe_open = sum(t <= thresholds.beta_tokens for t in self.pe_tokens)  # PEs not over beta
         # pick_pe's order as a heap of (key, position, version) with stale entries left in it: key = tokens,
@@ -260,7 +262,9 @@ class Scheduler:
             self._pe_push(k)
         self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
         self.group_queues = [Waiting() for _ in self.groups]  # level 1's assignment, FIFO per group
-        self.group_queued = np.zeros(len(self.groups), np.int64)  # tokens assigned to a group, not yet placed
+        # Level 1's key per group: its tokens plus those assigned to it and not yet placed (a placement moves
+        # them from one to the other)
+        self.group_load = np.array(self.group_tokens, np.int64)
         self._order: dict[int, int] = {}  # waiting request id -> its place in the global FIFO
         self._queue: Waiting | None = None  # the queue `schedule` places from (the first one it is given)
         self._seen = 0  # requests of the waiting queue already given a group
@@ -276,22 +280,18 @@ class Scheduler:
     def view(self, rank: int) -> EngineView:
         i = self.index[rank]
         n, free = self.node_of[i], self.free[i]
-        # Filled in directly: a frozen dataclass's __init__ sets each field through object.__setattr__, which
-        # costs more than the rest of a placement's bookkeeping (two views per placement, millions at paper scale).
-        v = _new(EngineView)
-        v.__dict__.update(rank=rank, role=self.roles[i], node=self.node_ids[n], seq=self.seq[i], tokens=self.tokens[i],
-                          read_q_tokens=self.read_q[n], free_tokens=None if free == math.inf else free,
-                          read_tokens_per_s=self.read_rate[i], prefill_tokens_per_s=self.prefill_rate[i],
-                          prefill_s=self.prefill_s[i])
-        return v
+        return EngineView(rank, self.roles[i], self.node_ids[n], self.seq[i], self.tokens[i], self.read_q[n],
+                          None if free == math.inf else free, self.read_rate[i], self.prefill_rate[i],
+                          self.prefill_s[i])
 
     def _views(self) -> tuple[list[EngineView], list[EngineView]]:
         views = [self.view(r) for r in self.ranks]
         return [v for v in views if v.role == "prefill"], [v for v in views if v.role == "decode"]
 
-    def update(self, rank: int, seq: int = 0, tokens: int = 0) -> None:
+    def update(self, rank: int, seq: int = 0, tokens: int = 0, placed: bool = False) -> None:
         """Add `seq` requests and `tokens` tokens to an engine (negative when they leave); a DE's free
-        memory moves the other way."""
+        memory moves the other way. `placed`: a DE's tokens of a request placed from its group's queue,
+        which its group's load (level 1) counts already."""
         i = self.index[rank]
         self.seq[i] += seq
         before = self.tokens[i]
@@ -302,6 +302,8 @@ class Scheduler:
                 self._pending.add(g)  # its head may fit now: back among the candidates at the next round
             self.free[i] -= tokens
             self.group_tokens[g] += tokens
+            if not placed:
+                self.group_load[g] += tokens
         else:
             k = self.pe_pos[i]
             self.pe_tokens[k] = after
@@ -373,9 +375,8 @@ class Scheduler:
                 continue
             waiting.discard(r)
             queue.popleft()
-            self.group_queued[g] -= r.total_tokens
             del self._order[r.id]
-            out.append(self._decide(r, forced[0] if forced else pe, de))
+            out.append(self._decide(r, forced[0] if forced else pe, de, g))
             pe = None
             self._push_head(g)
         return out
@@ -392,19 +393,24 @@ class Scheduler:
         """Level 1: each request that joined the queue since the last round goes to the DE group with the
         smallest total tokens, those already queued for it included."""
         new = waiting.appended - self._seen
+        load = self.group_load
         for k, r in enumerate(waiting.newest(new) if new else (), start=self._seen):
-            g = int((self.group_tokens + self.group_queued).argmin())  # ties: the lowest node
+            g = int(load.argmin())  # ties: the lowest node
             self._order[r.id] = k
-            self.group_queued[g] += r.total_tokens
+            load[g] += r.total_tokens
             self.group_queues[g].append(r)
             self._push_head(g)
         self._seen = waiting.appended
 
-    def _decide(self, r: RequestView, pe: int, de: int) -> Decision:
+    def _decide(self, r: RequestView, pe: int, de: int, group: int | None = None) -> Decision:
+        """Apply a placement; `group`: the DE group whose queue `r` was placed from (its load counts r)."""
         plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
         pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
-        self.update(de, 1, r.total_tokens)
+        placed = group is not None and self.group_of[self.index[de]] == group
+        if group is not None and not placed:  # a policy's own DE, outside the group r was queued for
+            self.group_load[group] -= r.total_tokens
+        self.update(de, 1, r.total_tokens, placed=placed)
         for rank, share in ((pe, plan.pe_tokens(r)), (de, plan.de_tokens)):
             if share:
                 n = self.node_of[self.index[rank]]
@@ -444,7 +450,10 @@ class Scheduler:
     def pick_de(self, r: RequestView, queue: Waiting | None = None, group: int | None = None) -> int | None:
         """Level 2 inside `group` (default: the group with the smallest total tokens). `queue`: the group's
         waiting requests from r on (r first), for the R lookahead of the Z rule."""
-        g = int(self.group_tokens.argmin()) if group is None else group  # ties: the lowest node
+        if group is None:  # ties: the lowest node
+            g = min(range(len(self.group_tokens)), key=self.group_tokens.__getitem__)
+        else:
+            g = group
         if self._de_blocked.get(g) == r.id:  # nothing changed in the group since r fitted nowhere
             return None
         members = self.groups[g]

@@ -230,13 +230,55 @@ def test_waiting_takes_requests_out_from_anywhere():
         w.append(req(3))
 
 
-def test_a_view_is_the_engine_view_its_constructor_makes():
-    """`Scheduler.view` fills an EngineView's fields itself (faster than its __init__): it must give the
-    object the constructor gives, every field set, for a PE and a DE."""
-    engines = [EngineView(1, "prefill", 1, 2, 300, 40, None, 50.0, 80.0),
-               EngineView(2, "decode", 2, 1, 500, 7, 900, 60.0)]
-    s = S(*engines)
-    for made in engines:
-        v = s.view(made.rank)
-        assert v == made and repr(v) == repr(made) and hash(v) == hash(made)
-        assert vars(v).keys() == vars(made).keys()
+def test_snapshots_are_the_frozen_dataclasses_they_declare():
+    """`direct_init` replaces the generated __init__ of the snapshots a placement builds: each must still
+    be the frozen dataclass its fields declare (defaults, equality, hash, repr, replace, immutability)."""
+    import dataclasses
+
+    from dualjax.core.policies import Plan, direct_init
+    from dualjax.core.scheduler import Decision
+    made = [EngineView(2, "decode", 2, 1, 500, 7, 900, 60.0), EngineView(1, "prefill", 1),
+            RequestView(3, 4, 5, 600, 512, 70), RequestView(3, 4, 5, 600, 512, 70, block_tokens=32),
+            Plan(de_tokens=64), Plan(64, 128), Decision(req(), 1, 2, "de", Plan(64), 10)]
+    for v in made:
+        cls, fields = type(v), dataclasses.fields(v)
+        twin = dataclasses.make_dataclass(cls.__name__, [(f.name, f.type, f) for f in fields], frozen=True)
+        ref = twin(*dataclasses.astuple(v, tuple_factory=list) if cls is not Decision else
+                   [getattr(v, f.name) for f in fields])
+        assert repr(v) == repr(ref) and hash(v) == hash(ref) and list(vars(v)) == [f.name for f in fields]
+        assert v == dataclasses.replace(v) and v != dataclasses.replace(v, **{fields[0].name: -1})
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(v, fields[0].name, -1)
+    assert EngineView(1, "prefill", 1).seq == 0 and Decision(req(), 1, 2, "pe").plan == Plan()
+    with pytest.raises(TypeError, match="plain fields"):
+        direct_init(dataclasses.make_dataclass("Listy", [("xs", list, dataclasses.field(default_factory=list))]))
+
+
+def test_level_one_load_follows_placements_completions_and_pinned_engines():
+    """Level 1 keeps each DE group's load (its tokens + those queued for it) as placements move requests
+    from one to the other, completions leave and a policy pins a DE outside the group a request was queued for."""
+    class PinnedSome(DualPath):
+        def engines(self, request, pes, des):
+            return (1, 6) if request.id % 3 == 0 else None
+
+    rng = np.random.default_rng(1)
+    s = S(pe(1), de(3, node=10, free=20000), de(4, node=10, free=20000), de(5, node=20, free=20000),
+          de(6, node=20, free=20000), policy=PinnedSome())
+    w, placed, n, pinned = Waiting(), [], 0, 0
+    for _ in range(300):
+        for _ in range(int(rng.integers(0, 3))):
+            w.append(req(n, prompt=int(rng.integers(100, 1000)), hit=0, gen=int(rng.integers(1, 300))))
+            n += 1
+        out = s.schedule(w)
+        for d in out:  # prefilled at once: the DEs' memory is what binds
+            s.update(d.pe, -1, -d.pe_tokens)
+        placed += out
+        pinned += sum(d.de == 6 for d in out)
+        for _ in range(min(len(placed), int(rng.integers(0, 3)))):
+            d = placed.pop(int(rng.integers(0, len(placed))))
+            s.update(d.de, -1, -d.request.total_tokens)
+        for g, queue in enumerate(s.group_queues):
+            assert s.group_load[g] == s.group_tokens[g] + sum(r.total_tokens for r in queue)
+    assert n > 200 and pinned > 50
+
+
