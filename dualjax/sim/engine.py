@@ -28,6 +28,7 @@ import itertools
 import math
 import time
 from array import array
+from collections import deque
 from heapq import heappop, heappush
 
 import numpy as np
@@ -109,7 +110,8 @@ class Simulation(PrefillSide, DecodeSide):
         self.context = [0] * len(append)  # tokens of each agent's conversation so far
         self.next_turn = [0] * len(append)
         self.next_id = 0
-        self.events: list = []
+        self.events: list = []  # heap of (time, order, fn, args)
+        self.due: deque = deque()  # (order, fn, args) of events queued for the current time: FIFO (`at`)
         # (end, order, node, tokens) of the reads whose end wakes nothing: no event of their own; the scheduler's
         # read queues shrink by those due before the event that next places requests (`_schedule`)
         self.reads_due: list = []
@@ -188,8 +190,12 @@ class Simulation(PrefillSide, DecodeSide):
 
     # -- events ------------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
-        """Call fn(*args) at simulated time t, after every event already due at t."""
-        heappush(self.events, (t, self.tick(), fn, args))
+        """Call fn(*args) at simulated time t (no earlier than now), after every event already due at t.
+        One due now skips the heap: it goes to the back of `due`, which the loop merges by order."""
+        if t > self.now:
+            heappush(self.events, (t, self.tick(), fn, args))
+        else:
+            self.due.append((self.tick(), fn, args))
 
     def run(self, until: float | None = None) -> "Simulation":
         """Simulate every request, or (`until`) up to that simulated time, leaving later ones unfinished;
@@ -223,16 +229,21 @@ class Simulation(PrefillSide, DecodeSide):
         """Run the events in time order (those due together in the order queued), placing waiting requests
         after any event that may have made room, until none is left or the next is due after `until`."""
         events, pop, waiting, n, done = self.events, heappop, self.waiting, 0, self.completed
+        due, t = self.due, self.now
         if until is not None:  # a stop after every event due at `until`, those it starts included
             heappush(events, (until, math.inf, None, ()))
-        while events:
-            t, order, fn, args = pop(events)
-            if fn is None:  # a stop: this call's, or one an interrupted call left behind
-                if t == until:
-                    self._reads_done((t, order))
-                    break
-                continue
-            self.now = t
+        while events or due:
+            if due and not (events and events[0][0] == t and events[0][1] < due[0][0]):
+                order, fn, args = due.popleft()  # due now, and queued before the heap's next event due now
+            else:
+                t, order, fn, args = pop(events)
+                if fn is None:  # a stop: this call's, or one an interrupted call left behind
+                    if t == until:
+                        self._reads_done((t, order))
+                        break
+                    t = self.now
+                    continue
+                self.now = t
             fn(*args)
             n += 1
             if self.dirty:

@@ -1,6 +1,7 @@
 """The simulator's cost per request: the events a request takes follow from the mechanisms it goes through."""
 
 import gc
+import heapq
 
 import pytest
 
@@ -66,3 +67,26 @@ def test_the_event_loop_makes_no_reference_cycles(policy):
     sim.run()
     assert gc.isenabled()  # restored
     assert gc.collect() == 0
+
+
+def test_events_due_now_run_in_the_order_queued_among_those_of_the_heap():
+    """`at` queues an event due now beside the heap (`Simulation.due`); the loop must still run the events
+    due at one time in the order they were queued, whichever of the two holds them."""
+    sim = build(SimConfig(ClusterSpec(2, 4), workload="paper-32k", agents=1, turns=1), progress=False)
+    sim.seeded, log = True, []  # no agents: only the events below
+
+    def ev(name, *then):
+        log.append((sim.now, name))
+        for later in then:
+            if later.startswith("heap"):  # queued on the heap for now, as a decode step due at once is
+                heapq.heappush(sim.events, (sim.now, sim.tick(), ev, (later,)))
+            else:
+                sim.at(sim.now, ev, later)
+
+    sim.at(1.0, ev, "a", "a1", "heap-a2", "a3")
+    sim.at(1.0, ev, "b", "b1")
+    sim.at(2.0, ev, "c", "c1")
+    sim.at(0.0, ev, "z")
+    sim.run(until=3.0)
+    assert log == [(0.0, "z"), (1.0, "a"), (1.0, "b"), (1.0, "a1"), (1.0, "heap-a2"), (1.0, "a3"), (1.0, "b1"),
+                   (2.0, "c"), (2.0, "c1")]
