@@ -38,7 +38,7 @@ ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: to
 
 
 @direct_init
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class EngineView:
     rank: int
     role: str  # "prefill" | "decode"
@@ -54,7 +54,7 @@ class EngineView:
 
 
 @direct_init
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RequestView:
     id: int
     agent: int
@@ -74,7 +74,7 @@ class RequestView:
 
 
 @direct_init
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
     request: RequestView
     pe: int

@@ -245,13 +245,16 @@ def test_snapshots_are_the_frozen_dataclasses_they_declare():
         twin = dataclasses.make_dataclass(cls.__name__, [(f.name, f.type, f) for f in fields], frozen=True)
         ref = twin(*dataclasses.astuple(v, tuple_factory=list) if cls is not Decision else
                    [getattr(v, f.name) for f in fields])
-        assert repr(v) == repr(ref) and hash(v) == hash(ref) and list(vars(v)) == [f.name for f in fields]
+        assert repr(v) == repr(ref) and hash(v) == hash(ref) and cls.__slots__ == tuple(f.name for f in fields)
         assert v == dataclasses.replace(v) and v != dataclasses.replace(v, **{fields[0].name: -1})
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(v, fields[0].name, -1)
     assert EngineView(1, "prefill", 1).seq == 0 and Decision(req(), 1, 2, "pe").plan == Plan()
     with pytest.raises(TypeError, match="plain fields"):
-        direct_init(dataclasses.make_dataclass("Listy", [("xs", list, dataclasses.field(default_factory=list))]))
+        direct_init(dataclasses.make_dataclass("Listy", [("xs", list, dataclasses.field(default_factory=list))],
+                                               slots=True))
+    with pytest.raises(TypeError, match="slotted"):
+        direct_init(dataclasses.make_dataclass("Dicty", [("x", int)]))
 
 
 def test_level_one_load_follows_placements_completions_and_pinned_engines():
