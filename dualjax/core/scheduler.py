@@ -115,10 +115,10 @@ _C3 = 2**40  # added to the key of engines whose node queue is over alpha
 
 class Waiting:
     """The global FIFO of waiting requests (keyed by id, in arrival order), with running sums of their
-    total tokens so that the R lookahead of the DE rule (the longest head that fits a group's free
-    memory) is a bisection. A request leaves from the head (`popleft`) or from anywhere (`discard`:
-    the head of one DE group's queue placed while an earlier request of another group waits), both
-    in constant time."""
+    total tokens, built when first needed, so that the R lookahead of the DE rule (the longest head that
+    fits a group's free memory) is a bisection. A request leaves from the head (`popleft`) or from
+    anywhere (`discard`: the head of one DE group's queue placed while an earlier request of another
+    group waits), both in constant time."""
 
     def __init__(self, requests=()):
         self._items: OrderedDict[int, RequestView] = OrderedDict()
@@ -126,7 +126,7 @@ class Waiting:
         self._base = 0  # cumulative total before the head
         self._head = 0  # index of the head in _sums
         self.appended = 0  # requests ever appended
-        self._stale = False  # _sums no longer match _items (a request left from the middle)
+        self._stale = True  # _sums do not match _items (not built yet, or a request left from the middle)
         for r in requests:
             self.append(r)
 

@@ -89,7 +89,9 @@ class Simulation(PrefillSide, DecodeSide):
         self.capacity = DEFAULT_BUCKETS.prefix(longest + 1)  # as `dualjax.runtime.decode_host.decode_capacity`
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
-        self.append, self.gen, self.starts, self.think_s = append, gen, starts, think_s
+        # each agent's turn lengths as flat arrays: indexing one gives a Python int (numpy's: a numpy scalar)
+        self.append, self.gen = ([array("q", np.asarray(x, np.int64).tobytes()) for x in xs] for xs in (append, gen))
+        self.starts, self.think_s = starts, think_s
         self.progress = progress
         self.kvb = model.cache_bytes_per_token
         self.T = cfg.block_tokens
@@ -178,8 +180,9 @@ class Simulation(PrefillSide, DecodeSide):
         snic = self.hw.snic_bytes_per_s * self.hw.snic_efficiency
         if self.hw.prefill_tokens_per_s is not None:
             return Thresholds.from_rates(snic, self.kvb, self.hw.prefill_tokens_per_s)
-        new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in self.append[:64]]))
-        cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(self.append[:64], self.gen[:64])]))
+        append, gen = [np.asarray(a) for a in self.append[:64]], [np.asarray(g) for g in self.gen[:64]]
+        new = int(np.mean([a[1:].mean() if len(a) > 1 else a[0] for a in append]))
+        cached = int(np.mean([(a.sum() + g.sum()) / 2 for a, g in zip(append, gen)]))
         attention = self.costs.attention(cached, new)
         # the quota bounds one attention layer of the pass (`batching.pack`); `attention` spans every layer;
         # a pass holds at most one request per agent
@@ -261,7 +264,7 @@ class Simulation(PrefillSide, DecodeSide):
     # -- arrivals and placement --------------------------------------------------------------------
     def _submit(self, agent: int) -> None:
         k, ctx = self.next_turn[agent], self.context[agent]
-        prompt, gen = ctx + int(self.append[agent][k]), int(self.gen[agent][k])
+        prompt, gen = ctx + self.append[agent][k], self.gen[agent][k]
         hit = ((ctx - 1) // self.T) * self.T if (k and self.cfg.use_store) else 0
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
