@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from dualjax.sim.resources import Costs, Lane, Node
+from dualjax.sim.resources import Costs, Lane, Node, latest
 
 
 class DecodeEngine:
@@ -47,7 +47,7 @@ class DecodeSide:
         nbytes = self.cols["prompt_tokens"][rid] * self.kvb
         done = de.node.dram.reserve(now, nbytes)[1]
         if self.hw.loopbacks:
-            done = max(done, de.tx.reserve(now, nbytes)[1], de.rx.reserve(now, nbytes)[1])
+            done = latest(done, de.tx.reserve(now, nbytes)[1], de.rx.reserve(now, nbytes)[1])
             if not self.kv_priority:
                 self._kv_queued(de)
         if done > now:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 
 from dualjax.core.batching import fit_free, fit_memory, pack
-from dualjax.sim.resources import Buffer, Lane, Node, SimError
+from dualjax.sim.resources import Buffer, Lane, Node, SimError, latest
 
 
 class Row:
@@ -127,7 +127,9 @@ class PrefillSide:
         L, held = self.model.n_layers, self.cfg.layerwise_layers
         rows = _ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget)
         plan = fit_memory(self._pack(rows), pe.hbm.budget, self.kvb, held, L)
-        pe.hbm.peak = max(pe.hbm.peak, sum(w.cached + n for w, n in plan) * self.kvb * held / L)
+        peak = sum(w.cached + n for w, n in plan) * self.kvb * held / L
+        if peak > pe.hbm.peak:
+            pe.hbm.peak = peak
         return plan
 
     # -- Basic: batches formed, then loaded ----------------------------------------------------------
@@ -200,7 +202,8 @@ class PrefillSide:
         now, end, outputs = self.now, self.now, []
         for pe, kept in plans:
             e, out = self._member_pass(pe, kept, g.nodes)
-            end = max(end, e)
+            if e > end:
+                end = e
             outputs += out
         for pe, kept in plans:
             for w, _ in kept:
@@ -226,9 +229,12 @@ class PrefillSide:
         pe.compute_s += dur
         ep = self.costs.ep_bytes(sum(n for _, n in kept), ep_nodes)
         if ep:  # the MoE all-to-all overlaps the compute (two micro-batches); model traffic on the CNIC
-            ep_s = ep / min(pe.tx.model_rate(now), pe.rx.model_rate(now))
-            pe.tx.model_util = pe.rx.model_util = min(1.0, ep_s / max(dur, ep_s))
-            dur = max(dur, ep_s)
+            tx, rx = pe.tx.model_rate(now), pe.rx.model_rate(now)
+            ep_s = ep / (rx if rx < tx else tx)
+            if ep_s > dur:
+                dur = ep_s
+            util = ep_s / dur
+            pe.tx.model_util = pe.rx.model_util = util if util < 1.0 else 1.0
         end, outputs = now + dur, []
         if not self.layerwise:
             if self.cfg.basic_lands == "host":  # the batch moves from the host buffers into HBM first
@@ -254,17 +260,21 @@ class PrefillSide:
         the relay of the hit tokens its DE read, from the DE buffer, and a loopback over the PE's compute NIC
         of the rest. A chunked row's later passes find the relayed share on the PE's host, as the runtime
         keeps it there, and the chunks it computed: a loopback of all of it. Returns the end."""
-        relay = 0.0 if w.started else min(nbytes, w.de * self.kvb)
+        relay = 0.0 if w.started else w.de * self.kvb
+        if relay > nbytes:
+            relay = nbytes
         end = self._relay(w, pe, t, relay) if relay else t
         if nbytes > relay or not relay:
-            end = max(end, self._loopback(pe, t, nbytes - relay))
+            loaded = self._loopback(pe, t, nbytes - relay)
+            if loaded > end:
+                end = loaded
         return end
 
     def _relay(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
         """`nbytes` of a row's prefix KV from its DE's buffer to the PE's HBM. Returns the end."""
         de = self.engines[self.cols["de"][w.rid]]
         de.node.kv_sent_bytes += nbytes
-        end = max(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+        end = latest(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
         if not self.kv_priority:
             self._kv_queued(de)
         return end
@@ -273,7 +283,7 @@ class PrefillSide:
         """`nbytes` from the PE's buffer to its HBM. Returns the end."""
         end = pe.node.dram.reserve(t, nbytes)[1]
         if self.hw.loopbacks:
-            end = max(end, pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+            end = latest(end, pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
         return end
 
     def _output(self, w: Row, pe: PrefillEngine, t: float) -> float:
@@ -284,7 +294,7 @@ class PrefillSide:
         out = (c["prompt_tokens"][rid] - w.de) * self.kvb
         pe.node.kv_sent_bytes += out
         de = self.engines[c["de"][rid]]
-        end = max(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
+        end = latest(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
         if not self.kv_priority:
             self._kv_queued(de)
         return end
