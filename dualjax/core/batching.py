@@ -79,9 +79,15 @@ def pack(queue: list[Work], fit, quota_s: float | None, max_chunk: int, min_chun
                                             max([n] + [k for _, k in batch]))
     for w in queue:
         n = w.remaining if w.remaining < max_chunk else max_chunk  # min(): a builtin call costs more
-        if cost(w.cached, n) <= quota_s:
+        if padded:
+            fits = cost(w.cached, n) <= quota_s
+        else:
+            own = attention(w.cached, n)
+            fits = spent + own <= quota_s
+        if fits:
             batch.append((w, n))
-            spent += attention(w.cached, n) if not padded else 0.0
+            if not padded:
+                spent += own
             continue
         lo, hi = 0, n
         while lo < hi:  # largest chunk whose predicted batch attention time still fits

@@ -269,22 +269,22 @@ class Costs:
         the share routed to experts on other nodes (inside a node they go over NVLink)."""
         return tokens * self.model.ep_bytes_per_token * (ep_nodes - 1) / ep_nodes if ep_nodes > 1 else 0.0
 
-    def decode_compute_s(self, batch: int, context: float) -> float:
+    def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
+        """A step of `batch` requests over `context` tokens in all: the HBM roofline (or the compute, if
+        longer) overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
         hw, m = self.hw, self.model
         if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
-            return hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
-        visible = context  # positions attended: sparse attention reads at most `window` per request
-        if m.window and batch * m.window < context:
-            visible = batch * m.window
-        kv = visible * m.kv_bytes_per_token
-        reads = self.de_weights + kv + context * m.indexer_bytes_per_token
-        compute, memory = batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s
-        return compute if compute > memory else memory
-
-    def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
-        """A step: compute overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
-        compute = self.decode_compute_s(batch, context)
-        return (compute if compute > ep_s else ep_s) + self.hw.decode_step_overhead_s
+            compute = hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
+        else:
+            visible = context  # positions attended: sparse attention reads at most `window` per request
+            if m.window and batch * m.window < context:
+                visible = batch * m.window
+            kv = visible * m.kv_bytes_per_token
+            reads = self.de_weights + kv + context * m.indexer_bytes_per_token
+            compute, memory = batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s
+            if memory > compute:
+                compute = memory
+        return (compute if compute > ep_s else ep_s) + hw.decode_step_overhead_s
 
     def ep_latency_s(self, ep_gpus: int) -> float:
         """The least a decode step's expert-parallel all-to-all takes over `ep_gpus` GPUs: one dispatch and one
