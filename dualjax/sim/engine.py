@@ -244,7 +244,7 @@ class Simulation(PrefillSide, DecodeSide):
                     if t == until:
                         self._reads_done((t, order))
                         break
-                    t = self.now
+                    t = self.now  # the time `due` events run at
                     continue
                 self.now = t
             fn(*args)
