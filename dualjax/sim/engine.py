@@ -193,7 +193,7 @@ class Simulation(PrefillSide, DecodeSide):
 
     # -- events ------------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
-        """Call fn(*args) at simulated time t (no earlier than now), after every event already due at t.
+        """Call fn(*args) at simulated time t (now, if t has passed), after every event already due then.
         One due now skips the heap: it goes to the back of `due`, which the loop merges by order."""
         if t > self.now:
             heappush(self.events, (t, self.tick(), fn, args))

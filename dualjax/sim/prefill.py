@@ -157,7 +157,7 @@ class PrefillSide:
             for w, _ in plan:
                 if not w.held:  # new to memory: take it and load
                     self._load(w, pe, host)
-            self.at(max(self.now, max(w.t1 for w, _ in plan)), self._poke, pe)  # loaded: it may compute
+            self.at(max(w.t1 for w, _ in plan), self._poke, pe)  # loaded: it may compute
 
     def _prompt_bytes(self, w: Row) -> float:
         return (w.cached + w.remaining) * self.kvb
@@ -333,4 +333,4 @@ class PrefillSide:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(arrive if arrive > self.now else self.now, self._join, self.engines[c["de"][rid]], rid)
+            self.at(arrive, self._join, self.engines[c["de"][rid]], rid)

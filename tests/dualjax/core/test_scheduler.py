@@ -282,5 +282,3 @@ def test_level_one_load_follows_placements_completions_and_pinned_engines():
         for g, queue in enumerate(s.group_queues):
             assert s.group_load[g] == s.group_tokens[g] + sum(r.total_tokens for r in queue)
     assert n > 200 and pinned > 50
-
-
