@@ -45,9 +45,9 @@ class DecodeSide:
         """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
         now = self.now
         nbytes = self.cols["prompt_tokens"][rid] * self.kvb
-        done = de.node.dram.reserve(now, nbytes)[1]
+        done = de.node.dram.reserve(now, nbytes)
         if self.hw.loopbacks:
-            done = latest(done, de.tx.reserve(now, nbytes)[1], de.rx.reserve(now, nbytes)[1])
+            done = latest(done, de.tx.reserve(now, nbytes), de.rx.reserve(now, nbytes))
             if not self.kv_priority:
                 self._kv_queued(de)
         if done > now:

@@ -312,9 +312,9 @@ class Simulation(PrefillSide, DecodeSide):
         loaded = plan.loaded(r)
         c["hit_tokens"][rid], c["de_tokens"][rid] = loaded, plan.de_tokens
         c["recomputed_tokens"][rid] = plan.recompute_tokens
-        row = Row(rid, loaded, r.miss_tokens + plan.recompute_tokens, path, plan.de_tokens, d.pe_tokens)
+        row = Row(rid, loaded, r.miss_tokens + plan.recompute_tokens, path, plan.de_tokens, d.pe_tokens, de)
         pe.rows.append(row)
-        de.node.buffer.reserve(r.prompt_tokens * self.kvb, lambda: self._admitted(row, pe, de))
+        de.node.buffer.reserve(r.prompt_tokens * self.kvb, self._admitted, row, pe, de)
 
     def _admitted(self, row: Row, pe: PrefillEngine, de: DecodeEngine) -> None:
         """The DE buffer holds room for the prompt's KV. The DE's share of the hit blocks is read into it now;
@@ -328,7 +328,7 @@ class Simulation(PrefillSide, DecodeSide):
             self._form(pe)
         elif own:
             row.buf = own * self.kvb
-            pe.node.buffer.reserve(row.buf, lambda: self._read(row, pe.node, pe, tokens=own))
+            pe.node.buffer.reserve(row.buf, self._read, row, pe.node, pe, own)
         elif not de_reads:
             self._read(row, pe.node, pe, tokens=0)
 
@@ -343,9 +343,10 @@ class Simulation(PrefillSide, DecodeSide):
                 self._poke(pe)
             return
         nbytes = tokens * self.kvb
-        t0, t1 = node.snic.reserve(self.now, nbytes)
+        t1 = node.snic.reserve(self.now, nbytes)
+        t0 = node.snic.start
         node.account_read(t0, t1, nbytes)
-        written = node.dram.reserve(self.now, nbytes)[1]  # into the host buffer
+        written = node.dram.reserve(self.now, nbytes)  # into the host buffer
         if written > t1:
             t1 = written
         if into_hbm or self.layerwise:  # its end wakes no PE (Basic's batch pokes its own, `_form`; layerwise, a

@@ -40,39 +40,43 @@ class Row:
     """A request on a PE (a `batching.Work`): its storage read [t0, t1] once issued (t1: in the buffer
     that feeds the pass, or in HBM for Basic; a split's spans both sides' reads, `early` the first of
     them), the path, the hit tokens its DE reads (`de`, the leading ones of `cached`), the tokens its PE
-    took in the scheduler (`pe_load`), and what it holds. Basic: `admitted` (when) once its DE buffer has
-    room, `batched` while in a batch formed and not yet computed, `held` once it holds its memory."""
+    took in the scheduler (`pe_load`), its DE (`dest`), and what it holds. Basic: `admitted` (when) once its DE
+    buffer has room, `batched` while in a batch formed and not yet computed, `held` once it holds its memory."""
 
-    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "de", "pe_load", "early", "hbm", "buf",
-                 "admitted", "batched", "held")
+    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "de", "pe_load", "dest", "early", "hbm",
+                 "buf", "admitted", "batched", "held")
 
-    def __init__(self, rid: int, cached: int, remaining: int, path: str, de: int = 0, pe_load: int = 0):
+    def __init__(self, rid: int, cached: int, remaining: int, path: str, de: int = 0, pe_load: int = 0, dest=None):
         self.rid, self.cached, self.remaining, self.path = rid, cached, remaining, path
-        self.de, self.pe_load, self.early = de, pe_load, None
+        self.de, self.pe_load, self.dest, self.early = de, pe_load, dest, None
         self.t0 = self.t1 = self.admitted = None
         self.started = self.batched = self.held = False
         self.hbm = self.buf = 0.0
 
 
 class PrefillEngine:
-    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "busy_s", "compute_s", "passes", "rows_run",
-                 "batches")
+    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "compute_s", "passes", "rows_run", "batches")
 
     def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, hbm: Buffer):
         self.rank, self.node, self.tx, self.rx, self.hbm, self.rows = rank, node, tx, rx, hbm, []
         self.group = None
-        self.busy_s = self.compute_s = 0.0
+        self.compute_s = 0.0
         self.passes = self.rows_run = 0
         self.batches: deque[list] = deque()  # Basic: batches formed, oldest (computing or next) first
+
+    @property
+    def busy_s(self) -> float:
+        """Its group's: every member steps in every group pass."""
+        return self.group.busy_s
 
 
 class PeGroup:
     """PE engines that step together (an expert-parallel group over `nodes` nodes)."""
 
-    __slots__ = ("members", "nodes", "busy", "passes")
+    __slots__ = ("members", "nodes", "busy", "passes", "busy_s")
 
     def __init__(self, members: list[PrefillEngine], nodes: int):
-        self.members, self.nodes, self.busy, self.passes = members, nodes, False, 0
+        self.members, self.nodes, self.busy, self.passes, self.busy_s = members, nodes, False, 0, 0.0
         for pe in members:
             pe.group = self
 
@@ -117,9 +121,8 @@ class PrefillSide:
 
     def _plan(self, pe: PrefillEngine) -> list:
         """The rows (and tokens) of `pe`'s next pass. Layerwise: ready rows packed under the quota, then cut
-        to HBM; Basic: its oldest batch once every row of it is in memory."""
-        if not pe.rows:  # nothing placed (a Basic batch holds placed rows only)
-            return []
+        to HBM; Basic: its oldest batch once every row of it is in memory. The caller skips a PE without
+        rows (a Basic batch holds placed rows only)."""
         if not self.layerwise:
             if pe.batches and all(w.t1 is not None and w.t1 <= self.now for w, _ in pe.batches[0]):
                 return pe.batches[0]
@@ -196,7 +199,7 @@ class PrefillSide:
     # -- passes ------------------------------------------------------------------------------------
     def _start_group_pass(self, g) -> None:
         assert not g.busy, "one pass at a time per PE group"
-        plans = [(pe, kept) for pe in g.members if (kept := self._plan(pe))]
+        plans = [(pe, kept) for pe in g.members if pe.rows and (kept := self._plan(pe))]
         if not plans:
             return
         now, end, outputs = self.now, self.now, []
@@ -212,8 +215,7 @@ class PrefillSide:
                     self.cols["prefill_start"][w.rid] = now
             pe.passes += 1
             pe.rows_run += len(kept)
-        for pe in g.members:
-            pe.busy_s += end - now
+        g.busy_s += end - now
         g.busy = True
         g.passes += 1
         self.at(end, self._end_group_pass, g, plans, outputs)
@@ -272,18 +274,18 @@ class PrefillSide:
 
     def _relay(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
         """`nbytes` of a row's prefix KV from its DE's buffer to the PE's HBM. Returns the end."""
-        de = self.engines[self.cols["de"][w.rid]]
+        de = w.dest
         de.node.kv_sent_bytes += nbytes
-        end = latest(de.node.dram.reserve(t, nbytes)[1], de.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+        end = latest(de.node.dram.reserve(t, nbytes), de.tx.reserve(t, nbytes), pe.rx.reserve(t, nbytes))
         if not self.kv_priority:
             self._kv_queued(de)
         return end
 
     def _loopback(self, pe: PrefillEngine, t: float, nbytes: float) -> float:
         """`nbytes` from the PE's buffer to its HBM. Returns the end."""
-        end = pe.node.dram.reserve(t, nbytes)[1]
+        end = pe.node.dram.reserve(t, nbytes)
         if self.hw.loopbacks:
-            end = latest(end, pe.tx.reserve(t, nbytes)[1], pe.rx.reserve(t, nbytes)[1])
+            end = latest(end, pe.tx.reserve(t, nbytes), pe.rx.reserve(t, nbytes))
         return end
 
     def _output(self, w: Row, pe: PrefillEngine, t: float) -> float:
@@ -293,8 +295,8 @@ class PrefillSide:
         rid = w.rid
         out = (c["prompt_tokens"][rid] - w.de) * self.kvb
         pe.node.kv_sent_bytes += out
-        de = self.engines[c["de"][rid]]
-        end = latest(pe.tx.reserve(t, out)[1], de.rx.reserve(t, out)[1], de.node.dram.reserve(t, out)[1])
+        de = w.dest
+        end = latest(pe.tx.reserve(t, out), de.rx.reserve(t, out), de.node.dram.reserve(t, out))
         if not self.kv_priority:
             self._kv_queued(de)
         return end
@@ -303,7 +305,7 @@ class PrefillSide:
         streamed = dict(outputs)
         for pe, kept in plans:
             self._end_member_pass(pe, kept, streamed)
-        for pe in g.members:
+        for pe, _ in plans:  # only a member with a batch set its model traffic (`_member_pass`)
             pe.tx.model_util = pe.rx.model_util = 0.0
         if not self.layerwise:  # memory was released: the next batches may form and load
             for pe in g.members:
@@ -333,4 +335,4 @@ class PrefillSide:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(arrive, self._join, self.engines[c["de"][rid]], rid)
+            self.at(arrive, self._join, w.dest, rid)

@@ -36,22 +36,24 @@ def latest(a: float, b: float, c: float) -> float:
 
 class FifoLink:
     """A first-come first-served link: a transfer starts when the link frees and takes bytes/rate, in the
-    order reserved (one reserved to start later holds the link from then; later reservations follow it)."""
+    order reserved (one reserved to start later holds the link from then; later reservations follow it).
+    `reserve` returns the transfer's end; `start` holds the last one's start."""
 
-    __slots__ = ("rate", "free", "free_at", "bytes", "busy_s")
+    __slots__ = ("rate", "free", "free_at", "bytes", "busy_s", "start")
 
     def __init__(self, rate: float):
-        self.rate, self.free_at, self.bytes, self.busy_s = rate, 0.0, 0.0, 0.0
+        self.rate, self.free_at, self.bytes, self.busy_s, self.start = rate, 0.0, 0.0, 0.0, 0.0
         self.free = math.isinf(rate)  # transfers take no time
 
-    def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
+    def reserve(self, t: float, nbytes: float) -> float:
         self.bytes += nbytes
         if self.free or nbytes == 0:
-            return t, t
-        start = t if t > self.free_at else self.free_at
+            self.start = t
+            return t
+        self.start = start = t if t > self.free_at else self.free_at
         self.free_at = end = start + nbytes / self.rate
         self.busy_s += end - start
-        return start, end
+        return end
 
 
 class DepthLink(FifoLink):
@@ -70,19 +72,20 @@ class DepthLink(FifoLink):
         super().__init__(rate)
         self.half, self.ends = half, deque()  # ends of the reads queued, in order (FIFO: ascending)
 
-    def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
+    def reserve(self, t: float, nbytes: float) -> float:
         self.bytes += nbytes
         if self.free or nbytes == 0:
-            return t, t
+            self.start = t
+            return t
         ends = self.ends
         while ends and ends[0] <= t:
             ends.popleft()
         k = len(ends) + 1
-        start = t if t > self.free_at else self.free_at
+        self.start = start = t if t > self.free_at else self.free_at
         self.free_at = end = start + nbytes * (k + self.half) / (self.rate * k)
         self.busy_s += end - start
         ends.append(end)
-        return start, end
+        return end
 
 
 class Lane:
@@ -106,10 +109,11 @@ class Lane:
         """The rate model traffic gets now: the line, or half of it while KV is queued without priority."""
         return self.rate if self.priority or self.free_at <= now else self.rate / 2
 
-    def reserve(self, t: float, nbytes: float) -> tuple[float, float]:
+    def reserve(self, t: float, nbytes: float) -> float:
+        """The end of a KV transfer of `nbytes` queued at `t`."""
         self.bytes += nbytes
         if self.free or nbytes == 0:
-            return t, t
+            return t
         start = t if t > self.free_at else self.free_at
         util = self.model_util
         if not util:
@@ -119,7 +123,7 @@ class Lane:
             rate = self.rate * (left if left > least else least)
         self.free_at = end = start + nbytes / rate
         self.busy_s += end - start
-        return start, end
+        return end
 
 
 class Buffer:
@@ -141,26 +145,27 @@ class Buffer:
         if self.used > self.peak:
             self.peak = self.used
 
-    def reserve(self, nbytes: float, then) -> None:
+    def reserve(self, nbytes: float, then, *args) -> None:
+        """Take `nbytes`, then call then(*args): now if they fit and nothing waits, else once released."""
         if nbytes > self.budget:
             raise SimError(f"a request needs {nbytes / 1e9:.2f} GB of {self.name} buffer, more than its "
                            f"{self.budget / 1e9:.2f} GB budget")
         if self.waiting or self.used + nbytes > self.budget:
-            self.waiting.append((nbytes, then))
+            self.waiting.append((nbytes, then, args))
             return
         self.used += nbytes
         if self.used > self.peak:
             self.peak = self.used
-        then()
+        then(*args)
 
     def release(self, nbytes: float) -> None:
         self.used -= nbytes
         while self.waiting and self.used + self.waiting[0][0] <= self.budget:
-            nbytes, then = self.waiting.popleft()
+            nbytes, then, args = self.waiting.popleft()
             self.used += nbytes
             if self.used > self.peak:
                 self.peak = self.used
-            then()
+            then(*args)
 
 
 class Node:

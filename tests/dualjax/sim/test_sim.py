@@ -175,8 +175,9 @@ def test_engines_sharing_cores_slow_passes_and_steps_by_their_own_factors():
 
 def test_fifo_link_and_buffer():
     link = FifoLink(100.0)
-    assert link.reserve(0.0, 100) == (0.0, 1.0) and link.reserve(0.5, 50) == (1.0, 1.5)
-    assert link.reserve(3.0, 100) == (3.0, 4.0) and link.busy_s == 2.5
+    assert link.reserve(0.0, 100) == 1.0 and link.start == 0.0
+    assert link.reserve(0.5, 50) == 1.5 and link.start == 1.0
+    assert link.reserve(3.0, 100) == 4.0 and link.start == 3.0 and link.busy_s == 2.5
     order = []
     buf = Buffer("PE", 10)
     buf.reserve(6, lambda: order.append("a"))
@@ -192,10 +193,10 @@ def test_fifo_link_and_buffer():
 def test_storage_throughput_grows_with_the_reads_outstanding():
     # 100 B/s saturated, half the rate at one read outstanding: a read finding k - 1 others runs at k / (k + 1).
     link = DepthLink(100.0, half=1.0)
-    assert link.reserve(0.0, 100) == (0.0, 2.0)  # alone: 50 B/s
-    assert link.reserve(0.0, 100) == (2.0, 3.5)  # behind one: 2/3 of 100 B/s, after it
-    assert link.reserve(5.0, 100) == (5.0, 7.0)  # both ended: alone again
-    assert link.reserve(6.0, 50) == (7.0, 7.75) and link.busy_s == 6.25
+    assert link.reserve(0.0, 100) == 2.0 and link.start == 0.0  # alone: 50 B/s
+    assert link.reserve(0.0, 100) == 3.5 and link.start == 2.0  # behind one: 2/3 of 100 B/s, after it
+    assert link.reserve(5.0, 100) == 7.0 and link.start == 5.0  # both ended: alone again
+    assert link.reserve(6.0, 50) == 7.75 and link.start == 7.0 and link.busy_s == 6.25
     # Two equal reads queued together end when they would if re-timed as the queue drains: 100 B at
     # depth 2 (1.5 s), then 100 B at depth 1 (2 s): 3.5 s, as above.
     with pytest.raises(SimError, match="snic_depth_half"):
