@@ -27,6 +27,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 import typing
 from collections import OrderedDict
 
@@ -190,15 +191,11 @@ class Waiting:
         return (self._sums[end - 1] - self._base) if end > self._head else 0
 
 
-def _compact(indices: list[int]):
-    """A slice when the indices are a contiguous run (cheaper to take), else an array."""
+def _taker(indices: list[int]):
+    """A function that takes `indices` of a list, in one C call: a slice when they are a contiguous run."""
     if indices == list(range(indices[0], indices[-1] + 1)):
-        return slice(indices[0], indices[-1] + 1)
-    return np.array(indices)
-
-
-def _take(values: list, indices) -> list:
-    return values[indices] if isinstance(indices, slice) else [values[i] for i in indices]
+        return operator.itemgetter(slice(indices[0], indices[-1] + 1))
+    return operator.itemgetter(*indices)  # two or more: a tuple
 
 
 def _first_least(indices: list[int], values: list) -> int:
@@ -209,10 +206,6 @@ def _first_least(indices: list[int], values: list) -> int:
         if values[i] < least:
             best, least = i, values[i]
     return best
-
-
-def _nth(indices, i: int) -> int:
-    return indices.start + i if isinstance(indices, slice) else int(indices[i])
 
 
 class Scheduler:
@@ -248,7 +241,7 @@ class Scheduler:
             n = self.node_index[e.node]
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
         pes = [i for i, r in enumerate(self.roles) if r == "prefill"]
-        self.pes = _compact(pes)
+        self.pe_ranks = [self.ranks[i] for i in pes]
         self.pe_pos = {i: k for k, i in enumerate(pes)}
         self.pe_tokens = [self.tokens[i] for i in pes]
         self.pe_nodes = [self.node_of[i] for i in pes]
@@ -260,8 +253,9 @@ class Scheduler:
             if r == "decode":
                 groups.setdefault(self.node_of[i], []).append(i)
         self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
-        self.groups = [_compact(groups[n]) for n in sorted(groups)]
-        self.group_tokens = [sum(_take(self.tokens, m)) for m in self.groups]
+        self.groups = [_taker(groups[n]) for n in sorted(groups)]  # takes a group's members of a per-engine list
+        self.group_ranks = [[self.ranks[i] for i in groups[n]] for n in sorted(groups)]
+        self.group_tokens = [sum(take(self.tokens)) for take in self.groups]
         self._overrides = type(policy).engines is not Policy.engines
         self._pe_open = sum(t <= thresholds.beta_tokens for t in self.pe_tokens)  # PEs not over beta
         # pick_pe's order as a heap of (key, position, version) with stale entries left in it: key = tokens,
@@ -415,7 +409,9 @@ class Scheduler:
     def _decide(self, r: RequestView, pe: int, de: int, group: int | None = None) -> Decision:
         """Apply a placement; `group`: the DE group whose queue `r` was placed from (its load counts r)."""
         plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
-        pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
+        pe_tokens = r.prompt_tokens
+        if plan.recompute_tokens:  # a recomputed token weighs as a new one
+            pe_tokens += round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
         placed = group is not None and self.group_of[self.index[de]] == group
         if group is not None and not placed:  # a policy's own DE, outside the group r was queued for
@@ -436,7 +432,7 @@ class Scheduler:
             if forced:
                 pe, de = forced
             else:
-                pe = self.ranks[_nth(self.pes, self._rr[0] % n_pe)]
+                pe = self.pe_ranks[self._rr[0] % n_pe]
                 k = next((k for k in range(n_de) if self.free[self.de_list[(self._rr[1] + k) % n_de]]
                           >= r.total_tokens), None)
                 if k is None:
@@ -455,7 +451,7 @@ class Scheduler:
         heap, version = self._pe_heap, self._pe_version
         while heap[0][2] != version[heap[0][1]]:
             heapq.heappop(heap)
-        return self.ranks[_nth(self.pes, heap[0][1])]
+        return self.pe_ranks[heap[0][1]]
 
     def pick_de(self, r: RequestView, queue: Waiting | None = None, group: int | None = None) -> int | None:
         """Level 2 inside `group` (default: the group with the smallest total tokens). `queue`: the group's
@@ -464,9 +460,9 @@ class Scheduler:
         g = self.group_tokens.index(min(self.group_tokens)) if group is None else group
         if self._de_blocked.get(g) == r.id:  # nothing changed in the group since r fitted nowhere
             return None
-        members = self.groups[g]
+        take = self.groups[g]
         need = r.total_tokens
-        free, t, seq = _take(self.free, members), _take(self.tokens, members), _take(self.seq, members)
+        free, t, seq = take(self.free), take(self.tokens), take(self.seq)
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:
             self._de_blocked[g] = r.id
@@ -476,4 +472,4 @@ class Scheduler:
         under = [i for i in fits if t[i] + need <= z]
         # min keeps the first of equal keys: ties go to the lowest rank
         i = _first_least(under, seq) if under else _first_least(fits, t)
-        return self.ranks[_nth(members, i)]
+        return self.group_ranks[g][i]
