@@ -242,7 +242,9 @@ class Scheduler:
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
         pes = [i for i, r in enumerate(self.roles) if r == "prefill"]
         self.pe_ranks = [self.ranks[i] for i in pes]
-        self.pe_pos = {i: k for k, i in enumerate(pes)}
+        self.pe_pos: list[int | None] = [None] * len(engines)  # engine -> its position among the PEs
+        for k, i in enumerate(pes):
+            self.pe_pos[i] = k
         self.pe_tokens = [self.tokens[i] for i in pes]
         self.pe_nodes = [self.node_of[i] for i in pes]
         self.node_pes: dict[int, list[int]] = {}  # node -> its PEs' positions
@@ -252,7 +254,10 @@ class Scheduler:
         for i, r in enumerate(self.roles):
             if r == "decode":
                 groups.setdefault(self.node_of[i], []).append(i)
-        self.group_of = {i: g for g, n in enumerate(sorted(groups)) for i in groups[n]}
+        self.group_of: list[int | None] = [None] * len(engines)  # engine -> its DE group
+        for g, n in enumerate(sorted(groups)):
+            for i in groups[n]:
+                self.group_of[i] = g
         self.groups = [_taker(groups[n]) for n in sorted(groups)]  # takes a group's members of a per-engine list
         self.group_ranks = [[self.ranks[i] for i in groups[n]] for n in sorted(groups)]
         self.group_tokens = [sum(take(self.tokens)) for take in self.groups]
@@ -302,7 +307,8 @@ class Scheduler:
         self.tokens[i] = after = before + tokens
         if self.roles[i] == "decode":
             g = self.group_of[i]
-            if self._de_blocked.pop(g, None) is not None:
+            if g in self._de_blocked:
+                del self._de_blocked[g]
                 self._pending.add(g)  # its head may fit now: back among the candidates at the next round
             self.free[i] -= tokens
             self.group_tokens[g] += tokens
