@@ -44,7 +44,7 @@ class DecodeSide:
     def _join(self, de: DecodeEngine, rid: int) -> None:
         """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
         now = self.now
-        nbytes = self.cols["prompt_tokens"][rid] * self.kvb
+        nbytes = self.cols.prompt_tokens[rid] * self.kvb
         done = de.node.dram.reserve(now, nbytes)
         if self.hw.loopbacks:
             done = latest(done, de.tx.reserve(now, nbytes), de.rx.reserve(now, nbytes))
@@ -57,9 +57,9 @@ class DecodeSide:
 
     def _first_token(self, de: DecodeEngine, rid: int) -> None:
         c = self.cols
-        c["first_token"][rid] = self.now
-        de.node.buffer.release(c["prompt_tokens"][rid] * self.kvb)
-        if c["gen_len"][rid] <= 1:
+        c.first_token[rid] = self.now
+        de.node.buffer.release(c.prompt_tokens[rid] * self.kvb)
+        if c.gen_len[rid] <= 1:
             self._complete(de, rid)
             return
         de.ready.append(rid)
@@ -94,7 +94,7 @@ class DecodeSide:
             self._retime(de)
             return
         c = self.cols
-        gen, prompt, steps = c["gen_len"], c["prompt_tokens"], de.steps
+        gen, prompt, steps = c.gen_len, c.prompt_tokens, de.steps
         joined = []
         while ready and de.n < limit:
             rid = ready.popleft()
@@ -103,7 +103,7 @@ class DecodeSide:
             de.n += 1
             joined.append(rid)
         self._retime(de)
-        second, t = c["second_token"], self.now + de.step_s
+        second, t = c.second_token, self.now + de.step_s
         for rid in joined:
             second[rid] = t  # the second token comes with the next step
 
@@ -145,7 +145,7 @@ class DecodeSide:
         if version != de.version:
             return  # the batch changed since this was due
         self._advance(de)
-        members, prompt, gen = de.members, self.cols["prompt_tokens"], self.cols["gen_len"]
+        members, prompt, gen = de.members, self.cols.prompt_tokens, self.cols.gen_len
         while members and members[0][0] <= de.steps + 1e-6:
             finish, rid = heapq.heappop(members)
             de.n -= 1
@@ -155,19 +155,19 @@ class DecodeSide:
 
     def _complete(self, de: DecodeEngine, rid: int) -> None:
         c, now = self.cols, self.now
-        c["done"][rid] = now
-        gen, prompt, hit = c["gen_len"][rid], c["prompt_tokens"][rid], c["hit_tokens"][rid]  # Python ints
+        c.done[rid] = now
+        gen, prompt, hit = c.gen_len[rid], c.prompt_tokens[rid], c.hit_tokens[rid]  # Python ints
         if gen > 1:
-            c["tpot"][rid] = (now - c["first_token"][rid]) / (gen - 1)
+            c.tpot[rid] = (now - c.first_token[rid]) / (gen - 1)
         else:
-            c["second_token"][rid] = np.nan
+            c.second_token[rid] = np.nan
         if self.cfg.use_store:  # every block that filled and the store lacks (a plan's recomputed tail it holds)
-            stored = (hit + c["recomputed_tokens"][rid]) // self.T
+            stored = (hit + c.recomputed_tokens[rid]) // self.T
             de.node.write_bytes += ((prompt + gen - 1) // self.T - stored) * self.T * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))
         self.dirty = True
         self.completed += 1
-        agent = c["agent"][rid]
+        agent = c.agent[rid]
         self.context[agent] = prompt + gen
         self.next_turn[agent] = k = self.next_turn[agent] + 1
         if k < len(self.append[agent]):

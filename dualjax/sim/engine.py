@@ -54,6 +54,20 @@ INT_COLUMNS = ("agent", "turn", "prompt_tokens", "gen_len", "hit_tokens", "de_to
 _TYPECODE = {k: "d" for k in FLOAT_COLUMNS} | {k: "q" for k in INT_COLUMNS}  # float64 and int64, as numpy's
 
 
+class Columns:
+    """The per-request columns, one attribute each: `cols.done[rid]` (an attribute read costs a fraction
+    of a dict lookup, and the event loop makes dozens per request)."""
+
+    __slots__ = tuple(_TYPECODE)
+
+    def __init__(self, columns: dict):
+        for k, v in columns.items():
+            setattr(self, k, v)
+
+    def items(self):
+        return ((k, getattr(self, k)) for k in self.__slots__)
+
+
 def _slowdowns(measured: tuple[float, ...], engines: int) -> list[float]:
     """Slowdown with 0 .. engines - 1 others computing: 1, the measured ones, then linear."""
     if not measured:  # engines have their own compute
@@ -108,7 +122,7 @@ class Simulation(PrefillSide, DecodeSide):
         # Per-request columns: flat `array`s while running (a scalar access costs a fraction of a numpy one,
         # the arithmetic stays on Python floats and ints, and the garbage collector never walks them, as it
         # would every slot of lists at each full collection), numpy arrays once `run` ends.
-        self.cols = {k: array(_TYPECODE[k], [math.nan if k in FLOAT_COLUMNS else 0]) * n for k in _TYPECODE}
+        self.cols = Columns({k: array(_TYPECODE[k], [math.nan if k in FLOAT_COLUMNS else 0]) * n for k in _TYPECODE})
         self.context = [0] * len(append)  # tokens of each agent's conversation so far
         self.next_turn = [0] * len(append)
         self.next_id = 0
@@ -211,7 +225,7 @@ class Simulation(PrefillSide, DecodeSide):
                 self.at(float(t), self._submit, a)
             self.seeded = True
         else:  # back to flat arrays while running (`__init__`)
-            self.cols = {k: array(_TYPECODE[k], v.tobytes()) for k, v in self.cols.items()}
+            self.cols = Columns({k: array(_TYPECODE[k], v.tobytes()) for k, v in self.cols.items()})
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -224,7 +238,8 @@ class Simulation(PrefillSide, DecodeSide):
         if self.completed != self.n_requests and until is None:
             raise SimError(f"the simulation stalled with {self.n_requests - self.completed} requests unfinished "
                            f"({len(self.waiting)} waiting for an engine): a request fits no engine's memory")
-        self.cols = {k: np.array(v, np.float64 if k in FLOAT_COLUMNS else np.int64) for k, v in self.cols.items()}
+        self.cols = Columns({k: np.array(v, np.float64 if k in FLOAT_COLUMNS else np.int64)
+                             for k, v in self.cols.items()})
         self.wall_s += time.perf_counter() - t_wall
         return self
 
@@ -275,8 +290,8 @@ class Simulation(PrefillSide, DecodeSide):
         rid = self.next_id
         self.next_id += 1
         c = self.cols
-        c["agent"][rid], c["turn"][rid], c["prompt_tokens"][rid] = agent, k, prompt
-        c["gen_len"][rid], c["hit_tokens"][rid], c["arrival"][rid] = gen, hit, self.now
+        c.agent[rid], c.turn[rid], c.prompt_tokens[rid] = agent, k, prompt
+        c.gen_len[rid], c.hit_tokens[rid], c.arrival[rid] = gen, hit, self.now
         self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen, self.T))
         self.dirty = True
 
@@ -308,10 +323,10 @@ class Simulation(PrefillSide, DecodeSide):
         rid = r.id
         pe, de = self.engines[d.pe], self.engines[d.de]
         path = d.path if self.cfg.use_store else "none"
-        c["scheduled"][rid], c["pe"][rid], c["de"][rid], c["path"][rid] = self.now, d.pe, d.de, PATH_CODES[path]
+        c.scheduled[rid], c.pe[rid], c.de[rid], c.path[rid] = self.now, d.pe, d.de, PATH_CODES[path]
         loaded = plan.loaded(r)
-        c["hit_tokens"][rid], c["de_tokens"][rid] = loaded, plan.de_tokens
-        c["recomputed_tokens"][rid] = plan.recompute_tokens
+        c.hit_tokens[rid], c.de_tokens[rid] = loaded, plan.de_tokens
+        c.recomputed_tokens[rid] = plan.recompute_tokens
         row = Row(rid, loaded, r.miss_tokens + plan.recompute_tokens, path, plan.de_tokens, d.pe_tokens, de)
         pe.rows.append(row)
         de.node.buffer.reserve(r.prompt_tokens * self.kvb, self._admitted, row, pe, de)
@@ -390,8 +405,8 @@ class Simulation(PrefillSide, DecodeSide):
         pes = [e for e in self.engines.values() if isinstance(e, PrefillEngine)]
         passes, rows = sum(e.passes for e in pes), sum(e.rows_run for e in pes)
         busy, compute = sum(e.busy_s for e in pes), sum(e.compute_s for e in pes)
-        wait = self.cols["load_wait"][~np.isnan(self.cols["load_wait"])]
-        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        wait = self.cols.load_wait[~np.isnan(self.cols.load_wait)]
+        jct = float(np.nanmax(self.cols.done) - np.nanmin(self.cols.arrival)) or 1.0
         return {"rows_per_pass": rows / passes if passes else None, "passes": passes,
                 "group_passes": sum(g.passes for g in self.groups), "ep_groups": [g.nodes for g in self.groups],
                 "busy_fraction": busy / len(pes) / jct, "compute_fraction_of_busy": compute / busy if busy else None,
@@ -403,7 +418,7 @@ class Simulation(PrefillSide, DecodeSide):
     def sim_summary(self) -> dict:
         """Per role: the buffers' peak over the run against their budget (GB, the busiest node's), and the
         storage NICs' mean busy fraction (`link_summary` has the busiest one's)."""
-        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        jct = float(np.nanmax(self.cols.done) - np.nanmin(self.cols.arrival)) or 1.0
         out = {}
         for role, tag in (("prefill", "pe"), ("decode", "de")):
             nodes = [n for n in self.nodes if n.role == role]
@@ -417,7 +432,7 @@ class Simulation(PrefillSide, DecodeSide):
         storage NICs, host DRAM, compute NICs' tx and rx (KV traffic), and PE compute; and the peak share
         of a DE's KV memory in use and the mean wait for placement. `binding`: the busiest, or `de_memory_peak`
         when a DE's memory filled while requests waited over a second on average to be placed."""
-        jct = float(np.nanmax(self.cols["done"]) - np.nanmin(self.cols["arrival"])) or 1.0
+        jct = float(np.nanmax(self.cols.done) - np.nanmin(self.cols.arrival)) or 1.0
         out = {}
         for role in ("prefill", "decode"):
             nodes = [n for n in self.nodes if n.role == role]
@@ -429,14 +444,14 @@ class Simulation(PrefillSide, DecodeSide):
             out[f"{tag}_cnic_rx"] = max(e.rx.bytes / e.rx.rate for e in gpus) / jct
         out["pe_compute"] = max(e.compute_s for e in self.engines.values() if isinstance(e, PrefillEngine)) / jct
         out["de_memory_peak"] = self.de_mem_peak  # a peak, not a busy fraction: full means requests wait for it
-        out["queue_wait_s"] = float(np.nanmean(self.cols["scheduled"] - self.cols["arrival"]))
+        out["queue_wait_s"] = float(np.nanmean(self.cols.scheduled - self.cols.arrival))
         out["binding"] = max((k for k in out if k not in ("de_memory_peak", "queue_wait_s")), key=out.get)
         if self.de_mem_peak > 0.99 and out["queue_wait_s"] > 1.0:  # requests wait in the queue for DE memory
             out["binding"] = "de_memory_peak"
         return out
 
     def columns(self) -> dict[str, np.ndarray]:
-        c = dict(self.cols)
+        c = dict(self.cols.items())
         c["ttft"] = c["first_token"] - c["arrival"]
         c["ttst"] = c["second_token"] - c["first_token"]  # time to second token: from the first (docs/paper.md §9)
         c["path"] = np.array(list(PATH_CODES))[c["path"]]

@@ -180,7 +180,7 @@ class PrefillSide:
         HBM), and the relay of the DE's share (read into the DE buffer when placed) into HBM once that read
         is done (host: the relay waits for the pass)."""
         w.held = True
-        self.cols["load_wait"][w.rid] = self.now - w.admitted
+        self.cols.load_wait[w.rid] = self.now - w.admitted
         if not host:
             w.hbm = self._prompt_bytes(w)
             pe.hbm.take(w.hbm)
@@ -212,7 +212,7 @@ class PrefillSide:
             for w, _ in kept:
                 if not w.started:
                     w.started = True
-                    self.cols["prefill_start"][w.rid] = now
+                    self.cols.prefill_start[w.rid] = now
             pe.passes += 1
             pe.rows_run += len(kept)
         g.busy_s += end - now
@@ -293,7 +293,7 @@ class PrefillSide:
         miss on the DE path). Returns the end."""
         c = self.cols
         rid = w.rid
-        out = (c["prompt_tokens"][rid] - w.de) * self.kvb
+        out = (c.prompt_tokens[rid] - w.de) * self.kvb
         pe.node.kv_sent_bytes += out
         de = w.dest
         end = latest(pe.tx.reserve(t, out), de.rx.reserve(t, out), de.node.dram.reserve(t, out))
@@ -327,7 +327,7 @@ class PrefillSide:
                 continue
             rid = w.rid
             pe.rows.remove(w)
-            c["prefill_end"][rid] = self.now
+            c.prefill_end[rid] = self.now
             self.scheduler.update(pe.rank, -1, -w.pe_load)
             self.dirty = True
             arrive = streamed[rid] if rid in streamed else self._output(w, pe, self.now)
