@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from dualjax.sim.resources import Costs, Lane, Node, latest
+from dualjax.sim.resources import Costs, Lane, Node, carry_model, latest
 
 
 class DecodeEngine:
@@ -123,20 +123,23 @@ class DecodeSide:
         de.version += 1
         n, now = de.n, self.now
         if not n:
-            de.tx.model_util = de.rx.model_util = 0.0
+            carry_model(de.tx, de.rx, 0.0)
             return
         ep = de.costs.ep_bytes(n, de.ep_nodes)
         ep_s = 0.0
         if ep:
-            tx, rx = de.tx.model_rate(now), de.rx.model_rate(now)
-            ep_s = ep / (tx if tx < rx else rx)
+            if self.kv_priority:  # model traffic has the whole line (both directions run at one rate)
+                ep_s = ep / de.tx.rate
+            else:
+                tx, rx = de.tx.model_rate(now), de.rx.model_rate(now)
+                ep_s = ep / (tx if tx < rx else rx)
         floor = de.ep_floor_s
         step_s = de.costs.decode_step_s(n, de.ctx_base + n * de.steps, ep_s if ep_s > floor else floor)
         if self.shared:
             step_s *= self._slowdown(de)
         de.step_s = step_s
         util = ep_s / step_s  # its bytes' share of the line
-        de.tx.model_util = de.rx.model_util = util if util < 1.0 else 1.0
+        carry_model(de.tx, de.rx, util if util < 1.0 else 1.0)
         left = de.members[0][0] - de.steps  # steps until the first member finishes
         heapq.heappush(self.events, (now + (left if left > 0.0 else 0.0) * step_s, self.tick(),
                                      self._decode_event, (de, de.version)))
@@ -151,7 +154,10 @@ class DecodeSide:
             de.n -= 1
             de.ctx_base -= prompt[rid] - (finish - gen[rid] + 1)
             self._complete(de, rid)
-        self._admit(de)
+        if de.ready:
+            self._admit(de)
+        else:  # nothing waits to join: re-time the batch
+            self._retime(de)
 
     def _complete(self, de: DecodeEngine, rid: int) -> None:
         c, now = self.cols, self.now

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 
 from dualjax.core.batching import fit_free, fit_memory, pack
-from dualjax.sim.resources import Buffer, Lane, Node, SimError, latest
+from dualjax.sim.resources import Buffer, Lane, Node, SimError, carry_model, latest
 
 
 class Row:
@@ -231,12 +231,15 @@ class PrefillSide:
         pe.compute_s += dur
         ep = self.costs.ep_bytes(sum(n for _, n in kept), ep_nodes)
         if ep:  # the MoE all-to-all overlaps the compute (two micro-batches); model traffic on the CNIC
-            tx, rx = pe.tx.model_rate(now), pe.rx.model_rate(now)
-            ep_s = ep / (rx if rx < tx else tx)
+            if self.kv_priority:  # model traffic has the whole line (both directions run at one rate)
+                ep_s = ep / pe.tx.rate
+            else:
+                tx, rx = pe.tx.model_rate(now), pe.rx.model_rate(now)
+                ep_s = ep / (rx if rx < tx else tx)
             if ep_s > dur:
                 dur = ep_s
             util = ep_s / dur
-            pe.tx.model_util = pe.rx.model_util = util if util < 1.0 else 1.0
+            carry_model(pe.tx, pe.rx, util if util < 1.0 else 1.0)
         end, outputs = now + dur, []
         if not self.layerwise:
             if self.cfg.basic_lands == "host":  # the batch moves from the host buffers into HBM first
@@ -306,7 +309,7 @@ class PrefillSide:
         for pe, kept in plans:
             self._end_member_pass(pe, kept, streamed)
         for pe, _ in plans:  # only a member with a batch set its model traffic (`_member_pass`)
-            pe.tx.model_util = pe.rx.model_util = 0.0
+            carry_model(pe.tx, pe.rx, 0.0)
         if not self.layerwise:  # memory was released: the next batches may form and load
             for pe in g.members:
                 self._form(pe)

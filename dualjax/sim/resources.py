@@ -92,17 +92,19 @@ class Lane:
     """One direction of a compute NIC (tx: out of memory, rx: into memory; a loopback uses both).
 
     Model traffic (EP dispatch/combine) is a utilisation the owning engine sets for the duration
-    of a pass or a decode step. With priority (docs/paper.md §6) a KV transfer gets the rest of the line,
-    at least `1 - share` of it (model traffic gets `share` under contention); without, model and
-    KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
-    force when it is queued (a fluid approximation: later changes of the model load do not
+    of a pass or a decode step (`carry_model`). With priority (docs/paper.md §6) a KV transfer gets the rest
+    of the line, at least `1 - share` of it (model traffic gets `share` under contention); without, model
+    and KV traffic split the line evenly while both are active. KV is served FIFO at the rate in
+    force when it is queued (`kv_rate`; a fluid approximation: later changes of the model load do not
     re-time transfers already queued)."""
 
-    __slots__ = ("rate", "free", "priority", "share", "model_util", "free_at", "bytes", "busy_s")
+    __slots__ = ("rate", "free", "priority", "least", "kv_rate", "free_at", "bytes")
 
     def __init__(self, rate: float, priority: bool = True, share: float = 0.99):
-        self.rate, self.priority, self.share = rate, priority, share
-        self.model_util, self.free_at, self.bytes, self.busy_s = 0.0, 0.0, 0.0, 0.0
+        self.rate, self.priority = rate, priority
+        self.least = 1.0 - share if priority else 0.5  # the least share of the line KV gets under model traffic
+        self.kv_rate = rate  # what KV queued now gets: the line while no model traffic runs
+        self.free_at, self.bytes = 0.0, 0.0
         self.free = math.isinf(rate)  # transfers take no time
 
     def model_rate(self, now: float) -> float:
@@ -115,15 +117,19 @@ class Lane:
         if self.free or nbytes == 0:
             return t
         start = t if t > self.free_at else self.free_at
-        util = self.model_util
-        if not util:
-            rate = self.rate
-        else:  # KV gets what model traffic leaves, at least 1 - share of the line (priority) or half (an even split)
-            left, least = 1.0 - util, 1.0 - self.share if self.priority else 0.5
-            rate = self.rate * (left if left > least else least)
-        self.free_at = end = start + nbytes / rate
-        self.busy_s += end - start
+        self.free_at = end = start + nbytes / self.kv_rate
         return end
+
+
+def carry_model(tx: Lane, rx: Lane, util: float) -> None:
+    """Model traffic takes `util` of both directions of a compute NIC from now on (0: none): KV gets what it
+    leaves, at least 1 - share of the line (priority) or half (an even split)."""
+    if not util:
+        tx.kv_rate, rx.kv_rate = tx.rate, rx.rate
+        return
+    left = 1.0 - util
+    tx.kv_rate = tx.rate * (left if left > tx.least else tx.least)
+    rx.kv_rate = rx.rate * (left if left > rx.least else rx.least)
 
 
 class Buffer:
@@ -169,7 +175,7 @@ class Buffer:
 
 
 class Node:
-    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "kv_sent_bytes", "write_bytes", "busy_s")
+    __slots__ = ("id", "role", "snic", "dram", "buffer", "window", "series", "kv_sent_bytes", "write_bytes")
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
@@ -179,7 +185,7 @@ class Node:
         self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)
         self.series: list[float] = []  # storage bytes read per window
-        self.kv_sent_bytes = self.write_bytes = self.busy_s = 0.0
+        self.kv_sent_bytes = self.write_bytes = 0.0
 
     def account_read(self, start: float, end: float, nbytes: float) -> None:
         """Spread a read's bytes over the windows it spans."""
@@ -248,7 +254,13 @@ class Costs:
             self.row = model.prefill_seconds(self.rate)
             self.attention = dataclasses.replace(model, linear_flops=0.0).prefill_seconds(self.rate)
         self.table = PassTable(hw.pass_table) if hw.pass_table else None
+        # a decode step's terms (`decode_step_s`, on every change of a batch)
         self.de_weights = model.weights_per_gpu(de_ep)  # read by every decode step
+        self.fixed_step_s = None if hw.decode_fit is None else hw.decode_fit[0] + hw.decode_fit[1] * decode_capacity
+        self.window, self.kv_bytes, self.indexer_bytes = (model.window, model.kv_bytes_per_token,
+                                                          model.indexer_bytes_per_token)
+        self.linear_flops, self.hbm_rate, self.step_overhead_s = (model.linear_flops, hw.hbm_bytes_per_s,
+                                                                  hw.decode_step_overhead_s)
 
     def efficiency(self, tokens: int) -> float:
         """Fraction of the saturated rate a pass of `tokens` new tokens reaches (1 for a flat profile)."""
@@ -277,19 +289,16 @@ class Costs:
     def decode_step_s(self, batch: int, context: float, ep_s: float = 0.0) -> float:
         """A step of `batch` requests over `context` tokens in all: the HBM roofline (or the compute, if
         longer) overlapped with its EP all-to-all (`ep_s`, dual micro-batches), plus the overhead."""
-        hw, m = self.hw, self.model
-        if hw.decode_fit is not None:  # fixed-shape steps: the cost of the slots' capacity
-            compute = hw.decode_fit[0] + hw.decode_fit[1] * self.capacity
+        if self.fixed_step_s is not None:  # fixed-shape steps: the cost of the slots' capacity
+            compute = self.fixed_step_s
         else:
-            visible = context  # positions attended: sparse attention reads at most `window` per request
-            if m.window and batch * m.window < context:
-                visible = batch * m.window
-            kv = visible * m.kv_bytes_per_token
-            reads = self.de_weights + kv + context * m.indexer_bytes_per_token
-            compute, memory = batch * m.linear_flops / self.rate, reads / hw.hbm_bytes_per_s
+            w = self.window  # positions attended: sparse attention reads at most `window` per request
+            visible = batch * w if w and batch * w < context else context
+            reads = self.de_weights + visible * self.kv_bytes + context * self.indexer_bytes
+            compute, memory = batch * self.linear_flops / self.rate, reads / self.hbm_rate
             if memory > compute:
                 compute = memory
-        return (compute if compute > ep_s else ep_s) + hw.decode_step_overhead_s
+        return (compute if compute > ep_s else ep_s) + self.step_overhead_s
 
     def ep_latency_s(self, ep_gpus: int) -> float:
         """The least a decode step's expert-parallel all-to-all takes over `ep_gpus` GPUs: one dispatch and one

@@ -14,7 +14,7 @@ from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.sim import SimError, Simulation, build, simulate
 from dualjax.sim.engine import _slowdowns
 from dualjax.sim.profiles import PAPER_H800, Hardware, ModelCost, model_cost
-from dualjax.sim.resources import Buffer, Costs, DepthLink, FifoLink, PassTable
+from dualjax.sim.resources import Buffer, Costs, DepthLink, FifoLink, Lane, PassTable, carry_model
 from tests.dualjax.core.trace_fixtures import write_jsonl
 
 # A machine where every cost is a round number: prefill 1 ms per new token, decode 10 ms per step,
@@ -188,6 +188,22 @@ def test_fifo_link_and_buffer():
     assert order == ["a", "b", "c"] and buf.peak == 7
     with pytest.raises(SimError, match="budget"):
         buf.reserve(11, lambda: None)
+
+
+def test_kv_gets_what_model_traffic_leaves_of_a_compute_nic():
+    # 100 B/s lanes; KV is timed at the rate in force when it is queued.
+    tx, rx = Lane(100.0, priority=True, share=0.99), Lane(100.0, priority=True, share=0.99)
+    assert tx.reserve(0.0, 100) == 1.0  # no model traffic: the line
+    carry_model(tx, rx, 0.75)
+    assert tx.reserve(1.0, 100) == 5.0 and rx.reserve(0.0, 25) == 1.0  # a quarter of the line
+    carry_model(tx, rx, 1.0)
+    assert rx.reserve(1.0, 1) == pytest.approx(2.0)  # priority: KV still gets 1 - share
+    carry_model(tx, rx, 0.0)
+    assert tx.reserve(5.0, 100) == 6.0 and tx.bytes == 300
+    even, other = Lane(100.0, priority=False), Lane(100.0, priority=False)
+    carry_model(even, other, 0.9)
+    assert even.reserve(0.0, 100) == 2.0  # no priority: an even split while both run
+    assert even.model_rate(1.0) == 50.0 and even.model_rate(2.0) == 100.0  # model traffic halved while KV queues
 
 
 def test_storage_throughput_grows_with_the_reads_outstanding():
