@@ -29,7 +29,8 @@ import itertools
 import math
 import operator
 import typing
-from collections import OrderedDict
+from array import array
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -193,6 +194,36 @@ class Waiting:
         return (self._sums[end - 1] - self._base) if end > self._head else 0
 
 
+class _GroupQueue(deque):
+    """One DE group's waiting requests (level 1's assignment), FIFO: the head, length and iteration at deque
+    speed, and running sums of their total tokens for the R lookahead (`head_tokens`, as `Waiting`'s). The
+    scheduler takes requests from its head only."""
+
+    __slots__ = ("sums", "head")
+
+    def __init__(self):
+        super().__init__()
+        self.sums = [0]  # cumulative total tokens of the requests appended (since the last compaction)
+        self.head = 0  # index in sums of the total before the head
+
+    def append(self, r: RequestView) -> None:
+        deque.append(self, r)
+        self.sums.append(self.sums[-1] + r.prompt_tokens + r.gen_len)
+
+    def popleft(self) -> RequestView:
+        self.head += 1
+        if self.head > 4096 and self.head * 2 > len(self.sums):
+            del self.sums[:self.head]
+            self.head = 0
+        return deque.popleft(self)
+
+    def head_tokens(self, free: float) -> int:
+        """Total tokens of the longest head whose total is <= `free`."""
+        sums, base = self.sums, self.sums[self.head]
+        end = bisect.bisect_right(sums, base + free, lo=self.head + 1) if free != math.inf else len(sums)
+        return sums[end - 1] - base
+
+
 def _taker(indices: list[int]):
     """A function that takes `indices` of a list, in one C call: a slice when they are a contiguous run."""
     if indices == list(range(indices[0], indices[-1] + 1)):
@@ -272,10 +303,12 @@ class Scheduler:
         for k in range(len(pes)):
             self._pe_push(k)
         self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
-        self.group_queues = [Waiting() for _ in self.groups]  # level 1's assignment, FIFO per group
+        self.group_queues = [_GroupQueue() for _ in self.groups]  # level 1's assignment, FIFO per group
         # Level 1's key per group: its tokens plus those assigned to it and not yet placed (a placement moves
-        # them from one to the other)
-        self.group_load = np.array(self.group_tokens, np.int64)
+        # them from one to the other). An int64 `array` (a scalar update costs a fifth of a numpy one) that a
+        # numpy view shares for the argmin.
+        self.group_load = array("q", self.group_tokens)
+        self._load_view = np.frombuffer(self.group_load, np.int64)
         self._order: dict[int, int] = {}  # waiting request id -> its place in the global FIFO
         self._queue: Waiting | None = None  # the queue `schedule` places from (the first one it is given)
         self._seen = 0  # requests of the waiting queue already given a group
@@ -367,6 +400,8 @@ class Scheduler:
         for g in self._pending:
             self._push_head(g)
         self._pending.clear()
+        if not self._pe_open and not self._overrides:  # every PE over beta: the first head would stop the round
+            return []
         out, heads, pe = [], self._heads, None  # pe: pick_pe's answer until the state changes (it ignores r)
         while heads:
             order, g = heads[0]
@@ -405,11 +440,11 @@ class Scheduler:
         """Level 1: each request that joined the queue since the last round goes to the DE group with the
         smallest total tokens, those already queued for it included."""
         new = waiting.appended - self._seen
-        load = self.group_load
+        load, view = self.group_load, self._load_view
         for k, r in enumerate(waiting.newest(new) if new else (), start=self._seen):
-            g = int(load.argmin())  # ties: the lowest node
+            g = int(view.argmin())  # ties: the lowest node
             self._order[r.id] = k
-            load[g] += r.total_tokens
+            load[g] += r.prompt_tokens + r.gen_len
             self.group_queues[g].append(r)
             self._push_head(g)
         self._seen = waiting.appended
@@ -421,14 +456,17 @@ class Scheduler:
         if plan.recompute_tokens:  # a recomputed token weighs as a new one
             pe_tokens += round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
+        total = r.prompt_tokens + r.gen_len
         placed = group is not None and self.group_of[self.index[de]] == group
         if group is not None and not placed:  # a policy's own DE, outside the group r was queued for
-            self.group_load[group] -= r.total_tokens
-        self.update(de, 1, r.total_tokens, placed=placed)
-        for rank, share in ((pe, plan.pe_tokens(r)), (de, plan.de_tokens)):
-            if share:
-                n = self.node_of[self.index[rank]]
-                self._set_read_q(n, self.read_q[n] + share)
+            self.group_load[group] -= total
+        self.update(de, 1, total, placed=placed)
+        if share := r.hit_tokens - plan.recompute_tokens - plan.de_tokens:  # the PE's reads (`Plan.pe_tokens`)
+            n = self.node_of[self.index[pe]]
+            self._set_read_q(n, self.read_q[n] + share)
+        if share := plan.de_tokens:
+            n = self.node_of[self.index[de]]
+            self._set_read_q(n, self.read_q[n] + share)
         return Decision(r, pe, de, path, plan, pe_tokens)
 
     def _schedule_naive(self, waiting: Waiting) -> list[Decision]:
@@ -461,7 +499,8 @@ class Scheduler:
             heapq.heappop(heap)
         return self.pe_ranks[heap[0][1]]
 
-    def pick_de(self, r: RequestView, queue: Waiting | None = None, group: int | None = None) -> int | None:
+    def pick_de(self, r: RequestView, queue: Waiting | _GroupQueue | None = None,
+                group: int | None = None) -> int | None:
         """Level 2 inside `group` (default: the group with the smallest total tokens). `queue`: the group's
         waiting requests from r on (r first), for the R lookahead of the Z rule."""
         # ties: the lowest node
@@ -469,7 +508,7 @@ class Scheduler:
         if self._de_blocked.get(g) == r.id:  # nothing changed in the group since r fitted nowhere
             return None
         take = self.groups[g]
-        need = r.total_tokens
+        need = r.prompt_tokens + r.gen_len
         free, t, seq = take(self.free), take(self.tokens), take(self.seq)
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:

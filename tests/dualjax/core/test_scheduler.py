@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dualjax.core.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
-from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting, _GroupQueue
 
 TH = Thresholds(alpha_tokens=1000, beta_tokens=5000)
 
@@ -99,6 +99,26 @@ def test_waiting_head_that_fits_memory():
     assert (len(w), w[0].id, w.head_tokens(500), w.head_tokens(math.inf)) == (3, 1, 500, 900)
     w.append(req(9, prompt=50, gen=0))
     assert w.head_tokens(math.inf) == 950 and [r.id for r in w] == [1, 2, 3, 9]
+
+
+def test_group_queue_lookahead_matches_the_waiting_queue():
+    # A DE group's queue (a deque with running sums) answers the R lookahead as `Waiting` does, through appends,
+    # heads taken and the compaction of its sums (past 4,096 heads taken).
+    rng = np.random.default_rng(3)
+    g, w, rid = _GroupQueue(), Waiting(), 0
+    for step in range(12_000):
+        if rng.random() < 0.52 or not w:
+            r = req(rid, prompt=int(rng.integers(1, 5000)), gen=int(rng.integers(0, 500)))
+            g.append(r)
+            w.append(r)
+            rid += 1
+        else:
+            assert g.popleft() is w.popleft()
+        assert len(g) == len(w) and (not g or g[0] is w[0])
+        if step % 7 == 0:
+            for free in (0, int(rng.integers(0, 20_000)), int(rng.integers(0, 10**6)), math.inf):
+                assert g.head_tokens(free) == w.head_tokens(free)
+    assert g.head < len(g.sums) < rid  # compacted along the way
 
 
 def test_schedule_spreads_requests_over_engines_by_tokens():
