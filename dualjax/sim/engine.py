@@ -324,10 +324,10 @@ class Simulation(PrefillSide, DecodeSide):
         pe, de = self.engines[d.pe], self.engines[d.de]
         path = d.path if self.cfg.use_store else "none"
         c.scheduled[rid], c.pe[rid], c.de[rid], c.path[rid] = self.now, d.pe, d.de, PATH_CODES[path]
-        loaded = plan.loaded(r)
-        c.hit_tokens[rid], c.de_tokens[rid] = loaded, plan.de_tokens
-        c.recomputed_tokens[rid] = plan.recompute_tokens
-        row = Row(rid, loaded, r.miss_tokens + plan.recompute_tokens, path, plan.de_tokens, d.pe_tokens, de)
+        recompute = plan.recompute_tokens
+        loaded = r.hit_tokens - recompute  # `Plan.loaded`
+        c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, recompute
+        row = Row(rid, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de)  # misses + the tail
         pe.rows.append(row)
         de.node.buffer.reserve(r.prompt_tokens * self.kvb, self._admitted, row, pe, de)
 
