@@ -113,6 +113,8 @@ class Thresholds:
 
 
 _C3 = 2**40  # added to the key of engines whose node queue is over alpha
+_PE_SLOT = 2**20  # a PE's heap entry is key * _PE_SLOT + its position: one int orders as (key, position)
+_GROUP_SLOT = 2**20  # a DE group's head entry is order * _GROUP_SLOT + the group: it orders as (order, group)
 
 
 class Waiting:
@@ -296,10 +298,13 @@ class Scheduler:
         self.group_tokens = [sum(take(self.tokens)) for take in self.groups]
         self._overrides = type(policy).engines is not Policy.engines
         self._pe_open = sum(t <= thresholds.beta_tokens for t in self.pe_tokens)  # PEs not over beta
-        # pick_pe's order as a heap of (key, position, version) with stale entries left in it: key = tokens,
-        # plus _C3 while the node's read queue is over alpha; PEs over beta have no valid entry.
-        self._pe_heap: list[tuple[int, int, int]] = []
-        self._pe_version = [0] * len(pes)
+        # pick_pe's order as a heap of ints key * _PE_SLOT + position (an int compares at a fraction of a
+        # tuple's cost) with stale entries left in it: key = tokens, plus _C3 while the node's read queue is
+        # over alpha; _pe_entry[k] is position k's valid entry, None over beta.
+        if len(pes) >= _PE_SLOT:
+            raise ValueError(f"the scheduler orders at most {_PE_SLOT - 1} prefill engines, not {len(pes)}")
+        self._pe_heap: list[int] = []
+        self._pe_entry: list[int | None] = [None] * len(pes)
         for k in range(len(pes)):
             self._pe_push(k)
         self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
@@ -312,9 +317,12 @@ class Scheduler:
         self._order: dict[int, int] = {}  # waiting request id -> its place in the global FIFO
         self._queue: Waiting | None = None  # the queue `schedule` places from (the first one it is given)
         self._seen = 0  # requests of the waiting queue already given a group
-        # Heap of (order of the head, group) over the groups whose head may be placeable; _in_heads[g]: the
-        # order group g is in the heap with (None: not in it); _pending: groups a DE change may have unblocked.
-        self._heads: list[tuple[int, int]] = []
+        # Heap of order of the head * _GROUP_SLOT + group (ints) over the groups whose head may be placeable;
+        # _in_heads[g]: group g's entry in the heap (None: not in it); _pending: groups a DE change may have
+        # unblocked.
+        if len(self.groups) >= _GROUP_SLOT:
+            raise ValueError(f"the scheduler orders at most {_GROUP_SLOT - 1} DE groups, not {len(self.groups)}")
+        self._heads: list[int] = []
         self._in_heads: list[int | None] = [None] * len(self.groups)
         self._pending: set[int] = set()
         self._rr = [0, 0]  # naive: next PE, next DE (round robin)
@@ -357,15 +365,19 @@ class Scheduler:
             self._pe_push(k)
 
     def _pe_push(self, k: int) -> None:
-        """PE position k's key changed: its old heap entry goes stale, a new one goes in (none over beta)."""
-        self._pe_version[k] += 1
+        """PE position k's key changed: its old heap entry goes stale, a new one goes in (none over beta). An
+        entry that equals the position's valid one is valid again (the same key and position, so the same
+        choice)."""
         t = self.pe_tokens[k]
         if t <= self.th.beta_tokens:
             key = t if self.read_q[self.pe_nodes[k]] <= self.th.alpha_tokens else t + _C3
-            heapq.heappush(self._pe_heap, (key, k, self._pe_version[k]))
-        if len(self._pe_heap) > 4 * len(self._pe_version) + 64:  # drop the stale entries
-            self._pe_heap = [e for e in self._pe_heap if e[2] == self._pe_version[e[1]]]
-            heapq.heapify(self._pe_heap)
+            self._pe_entry[k] = e = key * _PE_SLOT + k
+            heapq.heappush(self._pe_heap, e)
+        else:
+            self._pe_entry[k] = None
+        if len(self._pe_heap) > 4 * len(self._pe_entry) + 64:  # drop the stale entries and the copies
+            entry = self._pe_entry
+            self._pe_heap = sorted({e for e in self._pe_heap if entry[e % _PE_SLOT] == e})
 
     def set_read_queue(self, node: int, tokens: int) -> None:
         self._set_read_q(self.node_index[node], tokens)
@@ -404,8 +416,8 @@ class Scheduler:
             return []
         out, heads, pe = [], self._heads, None  # pe: pick_pe's answer until the state changes (it ignores r)
         while heads:
-            order, g = heads[0]
-            if self._in_heads[g] != order:  # an old entry of a group placed or blocked since
+            g = heads[0] % _GROUP_SLOT
+            if self._in_heads[g] != heads[0]:  # an old entry of a group placed or blocked since
                 heapq.heappop(heads)
                 continue
             queue = self.group_queues[g]
@@ -432,9 +444,8 @@ class Scheduler:
         """Make group g's head a candidate (once)."""
         queue = self.group_queues[g]
         if queue and self._in_heads[g] is None:
-            order = self._order[queue[0].id]
-            self._in_heads[g] = order
-            heapq.heappush(self._heads, (order, g))
+            self._in_heads[g] = e = self._order[queue[0].id] * _GROUP_SLOT + g
+            heapq.heappush(self._heads, e)
 
     def _assign_groups(self, waiting: Waiting) -> None:
         """Level 1: each request that joined the queue since the last round goes to the DE group with the
@@ -494,10 +505,10 @@ class Scheduler:
         key orders them: the heap's); ties: the lowest rank."""
         if not self._pe_open:  # every PE is over beta
             return None
-        heap, version = self._pe_heap, self._pe_version
-        while heap[0][2] != version[heap[0][1]]:
+        heap, entry = self._pe_heap, self._pe_entry
+        while entry[heap[0] % _PE_SLOT] != heap[0]:
             heapq.heappop(heap)
-        return self.pe_ranks[heap[0][1]]
+        return self.pe_ranks[heap[0] % _PE_SLOT]
 
     def pick_de(self, r: RequestView, queue: Waiting | _GroupQueue | None = None,
                 group: int | None = None) -> int | None:
