@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from dualjax.core.policies import POLICIES, DualPath, Policy, RoundRobin, get_policy
-from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting, _GroupQueue
+from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from dualjax.core.waiting import GroupQueue
 
 TH = Thresholds(alpha_tokens=1000, beta_tokens=5000)
 
@@ -105,7 +106,7 @@ def test_group_queue_lookahead_matches_the_waiting_queue():
     # A DE group's queue (a deque with running sums) answers the R lookahead as `Waiting` does, through appends,
     # heads taken and the compaction of its sums (past 4,096 heads taken).
     rng = np.random.default_rng(3)
-    g, w, rid = _GroupQueue(), Waiting(), 0
+    g, w, rid = GroupQueue(), Waiting(), 0
     for step in range(12_000):
         if rng.random() < 0.52 or not w:
             r = req(rid, prompt=int(rng.integers(1, 5000)), gen=int(rng.integers(0, 500)))
