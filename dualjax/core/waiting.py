@@ -12,6 +12,23 @@ import math
 from collections import OrderedDict, deque
 
 
+def _longest_head(sums: list[int], head: int, free: float) -> int:
+    """Total tokens of the longest head whose total is <= `free`, over running sums where sums[head] is the
+    total before the head and sums[head + k] the total with its first k requests."""
+    base = sums[head]
+    end = bisect.bisect_right(sums, base + free, lo=head + 1) if free != math.inf else len(sums)
+    return sums[end - 1] - base
+
+
+def _past_head(sums: list[int], head: int) -> int:
+    """The head left: the index of the total before the new head, the sums cut now and then."""
+    head += 1
+    if head > 4096 and head * 2 > len(sums):
+        del sums[:head]
+        return 0
+    return head
+
+
 class Waiting:
     """The global FIFO of waiting requests (keyed by id, in arrival order), with running sums of their
     total tokens, built when first needed, so that the R lookahead of the DE rule (the longest head that
@@ -21,9 +38,8 @@ class Waiting:
 
     def __init__(self, requests=()):
         self._items: OrderedDict = OrderedDict()
-        self._sums: list[int] = []  # cumulative total_tokens of every request appended since the last rebuild
-        self._base = 0  # cumulative total before the head
-        self._head = 0  # index of the head in _sums
+        self._sums: list[int] = [0]  # running total_tokens of the requests appended since the last rebuild
+        self._head = 0  # index in _sums of the total before the head
         self.appended = 0  # requests ever appended
         self._stale = True  # _sums do not match _items (not built yet, or a request left from the middle)
         for r in requests:
@@ -35,7 +51,7 @@ class Waiting:
         self._items[r.id] = r
         self.appended += 1
         if not self._stale:
-            self._sums.append((self._sums[-1] if self._sums else 0) + r.total_tokens)
+            self._sums.append(self._sums[-1] + r.total_tokens)
 
     def discard(self, r) -> None:
         """Take `r` out of the queue; the running sums are rebuilt when next needed unless it was the head."""
@@ -46,18 +62,13 @@ class Waiting:
         self._stale = True
 
     def _rebuild(self) -> None:
-        self._sums = list(itertools.accumulate((x.total_tokens for x in self._items.values()), initial=0))[1:]
-        self._base, self._head, self._stale = 0, 0, False
+        self._sums = list(itertools.accumulate((x.total_tokens for x in self._items.values()), initial=0))
+        self._head, self._stale = 0, False
 
     def popleft(self):
         r = self._items.popitem(last=False)[1]
-        if self._stale:
-            return r
-        self._base = self._sums[self._head]
-        self._head += 1
-        if self._head > 4096 and self._head * 2 > len(self._sums):
-            del self._sums[:self._head]
-            self._head = 0
+        if not self._stale:
+            self._head = _past_head(self._sums, self._head)
         return r
 
     def newest(self, n: int) -> list:
@@ -87,8 +98,7 @@ class Waiting:
             return 0
         if self._stale:
             self._rebuild()
-        end = bisect.bisect_right(self._sums, self._base + free, lo=self._head) if free != math.inf else len(self._sums)
-        return (self._sums[end - 1] - self._base) if end > self._head else 0
+        return _longest_head(self._sums, self._head, free)
 
 
 class GroupQueue(deque):
@@ -108,14 +118,9 @@ class GroupQueue(deque):
         self.sums.append(self.sums[-1] + r.prompt_tokens + r.gen_len)
 
     def popleft(self):
-        self.head += 1
-        if self.head > 4096 and self.head * 2 > len(self.sums):
-            del self.sums[:self.head]
-            self.head = 0
+        self.head = _past_head(self.sums, self.head)
         return deque.popleft(self)
 
     def head_tokens(self, free: float) -> int:
         """Total tokens of the longest head whose total is <= `free`."""
-        sums, base = self.sums, self.sums[self.head]
-        end = bisect.bisect_right(sums, base + free, lo=self.head + 1) if free != math.inf else len(sums)
-        return sums[end - 1] - base
+        return _longest_head(self.sums, self.head, free)

@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from dualjax.sim.resources import Costs, Lane, Node, carry_model, latest
+from dualjax.sim.resources import Costs, Lane, Node, carry_model, latest, model_line_rate
 
 
 class DecodeEngine:
@@ -128,11 +128,7 @@ class DecodeSide:
         ep = de.costs.ep_bytes(n, de.ep_nodes)
         ep_s = 0.0
         if ep:
-            if self.kv_priority:  # model traffic has the whole line (both directions run at one rate)
-                ep_s = ep / de.tx.rate
-            else:
-                tx, rx = de.tx.model_rate(now), de.rx.model_rate(now)
-                ep_s = ep / (tx if tx < rx else rx)
+            ep_s = ep / model_line_rate(de.tx, de.rx, now)
         floor = de.ep_floor_s
         step_s = de.costs.decode_step_s(n, de.ctx_base + n * de.steps, ep_s if ep_s > floor else floor)
         if self.shared:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 
 from dualjax.core.batching import fit_free, fit_memory, pack
-from dualjax.sim.resources import Buffer, Lane, Node, SimError, carry_model, latest
+from dualjax.sim.resources import Buffer, Lane, Node, SimError, carry_model, latest, model_line_rate
 
 
 class Row:
@@ -231,11 +231,7 @@ class PrefillSide:
         pe.compute_s += dur
         ep = self.costs.ep_bytes(sum(n for _, n in kept), ep_nodes)
         if ep:  # the MoE all-to-all overlaps the compute (two micro-batches); model traffic on the CNIC
-            if self.kv_priority:  # model traffic has the whole line (both directions run at one rate)
-                ep_s = ep / pe.tx.rate
-            else:
-                tx, rx = pe.tx.model_rate(now), pe.rx.model_rate(now)
-                ep_s = ep / (rx if rx < tx else tx)
+            ep_s = ep / model_line_rate(pe.tx, pe.rx, now)
             if ep_s > dur:
                 dur = ep_s
             util = ep_s / dur

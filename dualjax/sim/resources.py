@@ -121,6 +121,15 @@ class Lane:
         return end
 
 
+def model_line_rate(tx: Lane, rx: Lane, now: float) -> float:
+    """The rate a GPU's model traffic (its EP all-to-all, both ways) gets over its compute NIC now: the line
+    with priority, else the slower direction's (`Lane.model_rate`)."""
+    if tx.priority:
+        return tx.rate  # both directions run at one rate
+    t, r = tx.model_rate(now), rx.model_rate(now)
+    return t if t < r else r
+
+
 def carry_model(tx: Lane, rx: Lane, util: float) -> None:
     """Model traffic takes `util` of both directions of a compute NIC from now on (0: none): KV gets what it
     leaves, at least 1 - share of the line (priority) or half (an even split)."""
