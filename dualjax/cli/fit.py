@@ -1,13 +1,15 @@
 """`dualjax sim fit`: fit `paper-h800`'s three fitted inputs to the paper's figures and write the fit file.
 
-    dualjax sim fit [--json FILE] [--tolerance 0.01]
+    dualjax sim fit --json FILE [--tolerance 0.01]
 
 Fits `prefill_half_tokens` to the shape of the paper's Fig. 3 (right), then `efficiency` to DualPath's
 JCT (~5,450 s) and `snic_efficiency` to the + layerwise step's (~8,750 s) at 2P4D x 2,048 agents of
 paper-64k on DeepSeek-V3.2 (`dualjax/sim/fit.py`), starting from the values the preset has now. Writes
-the fit file the `paper-h800` preset reads (default: the packaged `dualjax/sim/paper_h800_fit.json`),
-with the targets, what the fitted values reach, and every simulation it ran. A fit file elsewhere
-(`--json`) is a profile `--hardware FILE` takes. Each simulation takes a minute or so; a fit runs 6-12.
+the fit file to `--json FILE` (required): the targets, what the fitted values reach, the fitted rates
+beside published physical figures, and every simulation it ran. A fit file is a profile `--hardware
+FILE` takes; the `paper-h800` preset reads the packaged `dualjax/sim/paper_h800_fit.json`, which
+changes only when it is named explicitly as FILE (in a commit that says why). Each simulation takes
+a minute or so; a fit runs 6-12.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from dualjax.sim.profiles import PAPER_FIT, PAPER_H800
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", default=PAPER_FIT, type=output_file,
-                   help="the fit file, one JSON object (default: the packaged one)")
+    p.add_argument("--json", metavar="FILE", required=True, type=output_file,
+                   help=f"the fit file, one JSON object (required; the packaged profile paper-h800 reads is "
+                   f"{PAPER_FIT}: name it to replace it)")
     p.add_argument("--tolerance", type=number(high=0.5), default=0.01,
                    help="relative distance of each JCT from its target that ends the fit (default 0.01)")
     # tests: a small point whose targets come from a known profile (hidden)
@@ -52,4 +55,9 @@ def main(argv=None, args=None) -> dict:
     print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in fit["fitted"].items()) +
           f"; + layerwise {a['layerwise_jct_s']:,.0f} s, DualPath {a['dualpath_jct_s']:,.0f} s, Fig. 3 "
           + ", ".join(f"{b}: {v:.2f}x" for b, v in a["fig3"].items()) + f" ({fit['wall_s']:.0f} s) -> {args.json}")
+    ph = fit["physical"]
+    print(f"storage: {ph['snic_gbs_per_node']:.1f} GB/s per node ({ph['snic_over_threefs_peak']:.0%} of 3FS's "
+          f"reported {ph['threefs_client_peak_gbs']:.1f} GB/s client peak; line {ph['snic_line_gbs_per_node']:.0f} "
+          f"GB/s); compute: {ph['compute_fraction_of_bf16_peak']:.2f} of the "
+          f"{ph['bf16_peak_tflops_per_gpu']:.0f} TFLOP/s bf16 peak")
     return fit
