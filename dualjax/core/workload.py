@@ -157,13 +157,15 @@ def agents_for(spec: WorkloadSpec, vocab: int, seed: int = 0, aps: float | None 
             for a, t in enumerate(start_times(spec.agents, seed, aps))]
 
 
-def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
+def load_trajectories(path: str, vocab: int, seed: int = 0, max_len: int | None = None) -> list[Agent]:
     """Agents from a JSONL file, one agent per line:
 
         {"start": 0.0, "turns": [{"append": [ids...]} | {"append_len": 300}, "gen": 20}, ...]}
 
     `start` (seconds, default 0) and `think_s` are optional; `append_len` draws random ids
-    (seeded by the line number). A bad line raises WorkloadError with its line number and reason.
+    (seeded by the line number). A bad line raises WorkloadError with its line number and reason;
+    so does a turn whose prompt + generation exceeds `max_len` (the model's context: such a request
+    could never be decoded), before any work.
     """
     agents = []
     for n, line in enumerate(_lines(path), start=1):
@@ -173,9 +175,24 @@ def load_trajectories(path: str, vocab: int, seed: int = 0) -> list[Agent]:
             agents.append(_agent_from_json(json.loads(line), vocab, stream("trajectory-file", seed, n)))
         except (ValueError, KeyError, TypeError) as e:
             raise WorkloadError(f"{path}:{n}: {e}") from None
+        if max_len is not None and (why := beyond_context(agents[-1], max_len)):
+            raise WorkloadError(f"{path}:{n}: agent {len(agents) - 1} {why}")
     if not agents:
         raise WorkloadError(f"{path}: no agents")
     return agents
+
+
+def beyond_context(agent: Agent, max_len: int) -> str | None:
+    """Why `agent` cannot run on a model of `max_len` tokens of context (its first turn whose prompt +
+    generation exceeds it), or None when every turn fits."""
+    ctx = 0
+    for i, t in enumerate(agent.turns):
+        prompt = len(t.prompt) if t.prompt is not None else ctx + len(t.append)
+        if prompt + t.gen_len > max_len:
+            return (f"turn {i}: prompt {prompt} + generation {t.gen_len} = {prompt + t.gen_len} tokens exceed the "
+                    f"model's context of {max_len} tokens (max_seq_len)")
+        ctx = prompt + t.gen_len
+    return None
 
 
 def _lines(path: str):
@@ -344,7 +361,7 @@ def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = Non
                   aps: float | None = None, think_time: str = "zero", max_len: int | None = None) -> list[Agent]:
     """A preset name, a trajectory file (*.jsonl), `mooncake:PATH[:LIMIT[:SCALE]]` or
     `sessions:PATH[:LIMIT[:SCALE]]`; a recorded request longer than `max_len` (the model's context)
-    is not replayed (`sessions.ODD_RULES`)."""
+    is not replayed (`sessions.ODD_RULES`), a trajectory file's is refused (`load_trajectories`)."""
     if name.startswith("sessions:"):
         return session_agents(name, vocab, seed, agents, aps, think_time, max_len)
     if name.startswith("mooncake:"):
@@ -352,7 +369,7 @@ def load_workload(name: str, vocab: int, seed: int = 0, agents: int | None = Non
         return mooncake_trace(spec.path, vocab, limit=spec.limit or agents, seed=seed, length_scale=spec.scale,
                               max_len=max_len)
     if name.endswith(".jsonl"):
-        return load_trajectories(name, vocab, seed)
+        return load_trajectories(name, vocab, seed, max_len)
     return agents_for(get_workload(name, agents=agents, turns=turns), vocab, seed, aps)
 
 
