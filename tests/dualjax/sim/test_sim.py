@@ -309,7 +309,7 @@ def test_a_run_stopped_and_resumed_ends_as_one_run():
 def test_online_capacity_search_scores_the_steady_state():
     from dualjax.sim.search import LOOKBACK_S, WINDOW_S, find_capacity
     cfg = SimConfig(ClusterSpec(2, 2), workload="paper-32k", turns=4, snic_mbps=300)
-    result = find_capacity(cfg, start_aps=0.5, steps=1, log=lambda *_: None)
+    result = find_capacity(cfg, start_aps=0.5, steps=1, log=lambda *_: None, reading="attainment")
     assert result["bracketed"]
     trials = {t["aps"]: t for t in result["trials"]}
     best = trials[result["capacity_aps"]]
