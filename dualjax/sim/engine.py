@@ -157,6 +157,8 @@ class Simulation(PrefillSide, DecodeSide):
                 for node in [next(node_iter) for _ in range(size)]:
                     for _ in range(g):
                         tx, rx = (Lane(hw.cnic_bytes_per_s, hw.kv_priority, hw.kv_share) for _ in range(2))
+                        if hw.free_io:  # KV crosses the compute NIC in no time; model traffic keeps the line
+                            tx.free = rx.free = True
                         if role == "prefill":
                             budget = costs.pe_memory_bytes() if cfg.pe_hbm_mb is None else cfg.pe_hbm_mb * 1e6
                             if budget <= 0:
@@ -191,7 +193,7 @@ class Simulation(PrefillSide, DecodeSide):
         admits on their attention time (at most one per agent). A profile without an attention term (a fit
         with a = 0) puts no bound on the rows, so beta then rates a one-row pass, the shape the runtime's
         start-up profile times."""
-        snic = self.hw.snic_bytes_per_s * self.hw.snic_efficiency
+        snic = math.inf if self.hw.free_io else self.hw.snic_bytes_per_s * self.hw.snic_efficiency
         if self.hw.prefill_tokens_per_s is not None:
             return Thresholds.from_rates(snic, self.kvb, self.hw.prefill_tokens_per_s)
         append, gen = [np.asarray(a) for a in self.append[:64]], [np.asarray(g) for g in self.gen[:64]]
@@ -351,7 +353,11 @@ class Simulation(PrefillSide, DecodeSide):
               first: bool = False) -> None:
         """Read `tokens` of the hit blocks into `node`'s buffer and let the PE start once they are in
         (`into_hbm`: a Basic batch's row, on into the PE's HBM; the batch pokes its PE once all its rows are
-        in, `_form`). `first`: the first of the row's two reads (a split, layerwise), kept until the second."""
+        in, `_form`). `first`: the first of the row's two reads (a split, layerwise), kept until the second.
+        Free I/O (Oracle): no read; the tokens leave the node's read queue at once."""
+        if tokens and self.hw.free_io:
+            self.scheduler.set_read_queue(node.id, self.scheduler.read_queue(node.id) - tokens)
+            tokens = 0
         if not tokens:
             row.t0 = row.t1 = self.now
             if not into_hbm:
@@ -416,14 +422,14 @@ class Simulation(PrefillSide, DecodeSide):
                                 "p99": float(np.percentile(wait, 99)) if wait.size else None}}
 
     def sim_summary(self) -> dict:
-        """Per role: the buffers' peak over the run against their budget (GB, the busiest node's), and the
-        storage NICs' mean busy fraction (`link_summary` has the busiest one's)."""
+        """Per role: the buffers' peak over the run against their budget (GB, the busiest node's; 0: no
+        buffer, free I/O), and the storage NICs' mean busy fraction (`link_summary` has the busiest one's)."""
         jct = float(np.nanmax(self.cols.done) - np.nanmin(self.cols.arrival)) or 1.0
         out = {}
         for role, tag in (("prefill", "pe"), ("decode", "de")):
             nodes = [n for n in self.nodes if n.role == role]
             out[f"{tag}_buffer_peak_gb"] = max(n.buffer.peak for n in nodes) / 1e9
-            out[f"{tag}_buffer_budget_gb"] = nodes[0].buffer.budget / 1e9
+            out[f"{tag}_buffer_budget_gb"] = (nodes[0].buffer.budget or 0.0) / 1e9  # None: no buffer (free I/O)
             out[f"{tag}_snic_busy_mean"] = sum(n.snic.busy_s for n in nodes) / len(nodes) / jct
         return out
 

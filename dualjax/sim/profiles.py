@@ -7,7 +7,8 @@ and decode limits. Profiles:
 * `paper-h800`: the paper's testbed (docs/paper.md §2, §12): 8 GPUs per node, 400 Gbps CNIC per GPU,
   one 400 Gbps storage NIC and 80 GB PE/DE buffers per node; compute from model FLOPs at a fraction of
   H800 peak. Three inputs are fitted by `dualjax sim fit` (`PAPER_FIT`); docs/simulator.md lists all.
-* `oracle`: the same GPUs with free storage and transfers (the paper's upper bound).
+* `oracle`: the same GPUs with every storage read, host <-> device copy and P -> D transfer free and no
+  host buffers (`free_io`; the paper's upper bound); model traffic keeps its compute NICs.
 * `local`: written by `dualjax calibrate` (measured prefill/decode timings, store read rate,
   in-process relay rate) for one engine per host, as the embedded runtime runs here.
 
@@ -138,6 +139,10 @@ class Hardware:
     # Buffer -> GPU copies go through the compute NIC (a loopback, docs/paper.md §8); False: the embedded runtime,
     # where a host's model reads its buffer in place (`local`).
     loopbacks: bool = False
+    # The paper's Oracle (docs/paper.md §10): every storage read, host <-> device copy and P -> D transfer is free,
+    # so no KV waits for a host buffer, a storage NIC, host DRAM or a compute NIC; model (EP) traffic still
+    # takes its compute NIC's line (`Simulation`).
+    free_io: bool = False
     # `local`: every engine shares one machine's cores; a prefill pass runs contention[k - 1] times
     # slower while k other engines compute, a decode step decode_contention[k - 1] (past the last:
     # linear from the last two). Empty: engines have their own compute, as GPUs do.
@@ -213,10 +218,13 @@ def fitted(base: Hardware, fit: dict) -> Hardware:
 
 
 def oracle_of(hw: Hardware) -> Hardware:
-    """`hw` with free storage reads and transfers: the paper's upper bound (docs/paper.md §10)."""
+    """`hw` as the paper's Oracle (docs/paper.md §10): DualPath with every storage read, host <-> device copy
+    and P -> D transfer free (`free_io`: no host buffers to take or wait for, no time on a storage NIC, host
+    DRAM or a compute NIC for KV). Model traffic keeps the compute NICs' line rate: it is not I/O."""
     return dataclasses.replace(
-        hw, name="oracle", snic_bytes_per_s=math.inf, cnic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf,
-        notes=f"{hw.name} with free storage reads and transfers: the upper bound of docs/paper.md §10")
+        hw, name="oracle", snic_bytes_per_s=math.inf, dram_bytes_per_s=math.inf, free_io=True,
+        notes=f"{hw.name} with free storage reads, host <-> device copies and P -> D transfers (no host buffers): "
+              f"the upper bound of docs/paper.md §10")
 
 
 PAPER_H800 = fitted(PAPER_H800_BASE, read_fit(PAPER_FIT)) if os.path.exists(PAPER_FIT) else PAPER_H800_BASE

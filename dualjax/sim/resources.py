@@ -143,25 +143,31 @@ def carry_model(tx: Lane, rx: Lane, util: float) -> None:
 
 class Buffer:
     """A byte budget (a host buffer, a PE's device memory for KV): reservations wait FIFO for room, as in
-    `dualjax.runtime.buffers`."""
+    `dualjax.runtime.buffers`. A budget of None is no buffer at all (free I/O: nothing passes through host
+    memory): every reservation goes through at once and nothing is held."""
 
     __slots__ = ("budget", "used", "peak", "waiting", "name")
 
-    def __init__(self, name: str, budget: float):
+    def __init__(self, name: str, budget: float | None):
         self.name, self.budget, self.used, self.peak, self.waiting = name, budget, 0.0, 0.0, deque()
 
     @property
     def free(self) -> float:
-        return self.budget - self.used
+        return math.inf if self.budget is None else self.budget - self.used
 
     def take(self, nbytes: float) -> None:
         """Take `nbytes` that the caller has checked fit (no wait)."""
+        if self.budget is None:
+            return
         self.used += nbytes
         if self.used > self.peak:
             self.peak = self.used
 
     def reserve(self, nbytes: float, then, *args) -> None:
         """Take `nbytes`, then call then(*args): now if they fit and nothing waits, else once released."""
+        if self.budget is None:
+            then(*args)
+            return
         if nbytes > self.budget:
             raise SimError(f"a request needs {nbytes / 1e9:.2f} GB of {self.name} buffer, more than its "
                            f"{self.budget / 1e9:.2f} GB budget")
@@ -174,6 +180,8 @@ class Buffer:
         then(*args)
 
     def release(self, nbytes: float) -> None:
+        if self.budget is None:
+            return
         self.used -= nbytes
         while self.waiting and self.used + self.waiting[0][0] <= self.budget:
             nbytes, then, args = self.waiting.popleft()
@@ -188,10 +196,11 @@ class Node:
 
     def __init__(self, id: int, role: str, hw: Hardware, window: float):
         self.id, self.role, self.window = id, role, window
-        snic = hw.snic_bytes_per_s * hw.snic_efficiency
+        snic = math.inf if hw.free_io else hw.snic_bytes_per_s * hw.snic_efficiency
         self.snic = DepthLink(snic, hw.snic_depth_half) if hw.snic_depth_half else FifoLink(snic)
-        self.dram = FifoLink(hw.dram_bytes_per_s)
-        self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}",
+        self.dram = FifoLink(math.inf if hw.free_io else hw.dram_bytes_per_s)
+        # free I/O (Oracle): no KV passes through host memory, so no buffer holds, bounds or delays it
+        self.buffer = Buffer(f"{'PE' if role == 'prefill' else 'DE'} node {id}", None if hw.free_io else
                              hw.pe_buffer_bytes if role == "prefill" else hw.de_buffer_bytes)
         self.series: list[float] = []  # storage bytes read per window
         self.kv_sent_bytes = self.write_bytes = 0.0
