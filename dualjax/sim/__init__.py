@@ -41,7 +41,8 @@ def workload_lengths(cfg: SimConfig) -> tuple[list[np.ndarray], list[np.ndarray]
     if (t := session_trace(cfg)) is not None:  # misses as appends: see `session_trace`
         return [p - h for p, h in zip(t.prompt, t.hit)], t.gen, t.start, 0.0
     if cfg.workload.endswith(".jsonl"):
-        agents = load_trajectories(cfg.workload, vocab=2**31 - 1, seed=cfg.workload_seed)
+        agents = load_trajectories(cfg.workload, vocab=2**31 - 1, seed=cfg.workload_seed,
+                                   max_len=model_context(cfg.model))
         append = [np.array([len(t.append) for t in a.turns]) for a in agents]
         gen = [np.array([t.gen_len for t in a.turns]) for a in agents]
         return append, gen, np.array([a.start for a in agents]), float(np.mean([a.think_s for a in agents]))

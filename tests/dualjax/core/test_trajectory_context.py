@@ -41,9 +41,8 @@ def test_dualjax_run_refuses_it_before_any_work(tmp_path, capsys):
     assert time.perf_counter() - t0 < 30 and not (tmp_path / "run" / "report.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="needs max_len=model_context(cfg.model) passed to load_trajectories in "
-                                       "dualjax/sim/__init__.py:workload_lengths (issue 59 item 7)")
 def test_dualjax_sim_refuses_it_before_any_work(tmp_path, capsys):
+    """The simulator refuses the same file in the same line (it replays its lengths on a model's context)."""
     path = _write(tmp_path / "long.jsonl", {"turns": [{"append_len": 100000, "gen": 3}]})
     rc = cli.main(["sim", "--quiet", "--model", "tiny", "--workload", path, "--out", str(tmp_path / "sim")])
     err = capsys.readouterr().err.strip()
