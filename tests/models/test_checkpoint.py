@@ -1,6 +1,8 @@
 """Checkpoints: Orbax round trip and Hugging Face import from files the test writes itself."""
 
 import json
+import os
+import shutil
 
 import jax
 import numpy as np
@@ -93,6 +95,44 @@ def test_orbax_restore_names_missing_extra_and_misshaped_tensors(tiny, tmp_path,
     config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
     with pytest.raises(models.CheckpointError, match=message):
         models.restore_checkpoint(str(tmp_path / "ckpt"))
+
+
+@pytest.fixture(scope="module")
+def saved(tiny, tmp_path_factory):
+    path = tmp_path_factory.mktemp("saved") / "ckpt"
+    models.save_checkpoint(str(path), tiny[1], tiny[0])
+    return path
+
+
+@pytest.mark.parametrize("removed,named", [
+    ("params/d", "missing or empty params/d/"),
+    ("params/ocdbt.process_0/d", "missing or empty params/ocdbt.process_0/d/"),
+    ("params/ocdbt.process_0/manifest.ocdbt", "missing or empty params/ocdbt.process_0/manifest.ocdbt"),
+    ("params/_METADATA", "missing or empty params/_METADATA"), ("params", "no params/ directory"),
+])
+def test_a_missing_file_is_named_when_the_checkpoint_is_opened(saved, tmp_path, removed, named):
+    """What was deleted from the params is named in one line when the checkpoint is opened, before Orbax reads."""
+    ckpt = shutil.copytree(saved, tmp_path / "ckpt")
+    (shutil.rmtree if (ckpt / removed).is_dir() else os.remove)(ckpt / removed)
+    for opened in (models.read_config, models.restore_checkpoint, models.resolve_model):
+        with pytest.raises(models.CheckpointError) as e:
+            opened(str(ckpt))
+        assert str(e.value).startswith(f"damaged checkpoint {ckpt}: {named}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_an_unreadable_array_file_is_named_when_restored(tiny, saved, tmp_path, damage):
+    """A data file deleted or cut short: the restore names the checkpoint and the array it could not read."""
+    ckpt = shutil.copytree(saved, tmp_path / "ckpt")
+    data = ckpt / "params" / "ocdbt.process_0" / "d"
+    largest = max(data.iterdir(), key=lambda f: f.stat().st_size)
+    os.remove(largest) if damage == "delete" else os.truncate(largest, 100)
+    assert models.read_config(str(ckpt)) == tiny[0]  # every file the listing check asks for is there
+    with pytest.raises(models.CheckpointError) as e:
+        models.restore_checkpoint(str(ckpt))
+    message = str(e.value)
+    assert message.startswith(f"damaged checkpoint {ckpt}: its params cannot be read: ") and "\n" not in message
+    assert "Error reading" in message and str(ckpt / "params") in message
 
 
 @pytest.mark.parametrize("arch,bias,tied", [("LlamaForCausalLM", False, False), ("Qwen2ForCausalLM", True, True)])
