@@ -1,14 +1,16 @@
 """Warm start: a host compiles the programs its workload will need before the run's clock starts.
 
 A prefill pass compiles one program per (rows, padded new tokens, padded prefix) shape
-(`models.buckets`). `prefill_shapes` lists the (new, prefix) shapes a workload's turns produce when
-each turn hits every full block of the context before it (the common case) and is cut into
-`prefill_chunk` pieces, as the prefill host computes them; `warm_shapes` adds the passes that batch
-2 to `MAX_WARM_ROWS` rows (a pass's shape is its longest new and its longest prefix, which may come
-from different rows, so every pairing); `warm_prefill` compiles the layerwise pass of each
-(`Layerwise.compile_rest`), so the first real request finds them compiled. A pass of more rows
-compiles when it first occurs. Rank 0 starts the clock once every host said it is warm (`Warm`),
-and `report.json` states the start-up time apart (`startup`), under mpiexec as embedded.
+(`models.buckets`). `warm_shapes` lists every shape a run can compute: 1 row up to one per agent
+(an agent has one request in flight), each pairing of a new bucket with a prefix bucket (a pass's
+shape is its longest new and its longest prefix, which may come from different rows), the buckets
+of the pieces each turn is cut into when it hits every full block before it and `prefill_chunk`
+cuts it (`prefill_shapes`), or every bucket up to the longest where a pass can cut a request at
+any length (the compute quota can bind, or the policy may recompute part of a hit). It is bounded
+(`MAX_WARM_ROWS`, `MAX_WARM_PROGRAMS`): a pass past the bounds compiles when it first occurs.
+`warm_prefill` compiles the layerwise pass of each (`Layerwise.compile_rest`), so the first real
+request finds them compiled. Rank 0 starts the clock once every host said it is warm (`Warm`), and
+`report.json` states the start-up time apart (`startup`), under mpiexec as embedded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 import numpy as np
 
 import models
+from dualjax.core.policies import get_policy
 from dualjax.core.workload import load_workload
 from dualjax.runtime.messages import EngineState, Warm
 from dualjax.runtime.transport import HostFailure
@@ -26,39 +29,93 @@ from models.buckets import DEFAULT_BUCKETS
 
 
 def _agents(cfg, model_cfg) -> list:
-    return load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps)
+    """The run's agents, loaded as rank 0 loads them (`launch.drive`): the same turns, the same cuts."""
+    return load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
+                         cfg.think_time, model_cfg.max_seq_len)
 
 
-def prefill_shapes(cfg, model_cfg, block_tokens: int, agents: list | None = None) -> list[tuple[int, int]]:
-    """Padded (new, prefix) shapes, one row per pass, that `cfg`'s workload (`agents`, loaded when
-    None) produces (sorted)."""
-    agents = _agents(cfg, model_cfg) if agents is None else agents
-    shapes, B = set(), DEFAULT_BUCKETS
+def _pieces(cfg, block_tokens: int, agents: list) -> tuple[set[tuple[int, int]], int]:
+    """((start, new) of every piece a turn is cut into when it hits every full block of the context
+    before it and is cut into `prefill_chunk` pieces, as the prefill host computes them; the longest
+    prompt)."""
+    pieces, longest = set(), 0
     for agent in agents:
         ctx = 0
         for turn in agent.turns:
             prompt = len(turn.prompt) if turn.prompt is not None else ctx + len(turn.append)
             hit = min(ctx, prompt - 1) // block_tokens * block_tokens if cfg.use_store else 0
-            for start in range(hit, prompt, cfg.prefill_chunk):
-                new = min(cfg.prefill_chunk, prompt - start)
-                if B.prefix(start) + B.new(new) <= model_cfg.max_seq_len:
-                    shapes.add((B.new(new), B.prefix(start)))
-            ctx = prompt + turn.gen_len
-    return sorted(shapes)
+            cuts = range(hit, prompt, cfg.prefill_chunk)
+            pieces.update((start, min(cfg.prefill_chunk, prompt - start)) for start in cuts)
+            ctx, longest = prompt + turn.gen_len, max(longest, prompt)
+    return pieces, longest
 
 
-MAX_WARM_ROWS = 4  # rows of the largest pass compiled before the clock (each row count is another program)
+def prefill_shapes(cfg, model_cfg, block_tokens: int, agents: list | None = None) -> list[tuple[int, int]]:
+    """Padded (new, prefix) shapes, one row per pass, that `cfg`'s workload (`agents`, loaded when
+    None) produces when every turn hits every full block before it and only `prefill_chunk` cuts it
+    (sorted)."""
+    agents = _agents(cfg, model_cfg) if agents is None else agents
+    B = DEFAULT_BUCKETS
+    return sorted({(B.new(n), B.prefix(s)) for s, n in _pieces(cfg, block_tokens, agents)[0]
+                   if B.prefix(s) + B.new(n) <= model_cfg.max_seq_len})
 
 
-def warm_shapes(cfg, model_cfg, block_tokens: int) -> list[tuple[int, int, int]]:
-    """(rows, padded new, padded prefix) of the passes `cfg`'s workload can compute, up to
-    `MAX_WARM_ROWS` rows and no more rows than it has agents (sorted)."""
-    agents = _agents(cfg, model_cfg)
-    single = prefill_shapes(cfg, model_cfg, block_tokens, agents)
-    news, prefixes = {n for n, _ in single}, {c for _, c in single}
-    multi = {(n, c) for n in news for c in prefixes if n + c <= model_cfg.max_seq_len}
-    return sorted([(1, n, c) for n, c in single] +
-                  [(rows, n, c) for rows in range(2, min(MAX_WARM_ROWS, len(agents)) + 1) for n, c in multi])
+MAX_WARM_ROWS = 64  # rows of the largest pass compiled before the clock (each row count is another program)
+MAX_WARM_PROGRAMS = 512  # pass programs compiled before the clock at most, fewest rows first
+LOADS_EVERY_HIT = ("basic", "pe-only", "de-only", "round-robin", "random", "dualpath", "dualpath-split")
+
+
+def _cut_anywhere(cfg, model_cfg, agents: list, pieces: set, fit) -> int:
+    """The most new tokens of a piece when a pass can cut a request at any length, not only every
+    `prefill_chunk` tokens, else 0: when the policy may load fewer than every hit block (a plan's
+    recomputed tail: a piece then starts at any block and runs up to the chunk cap) or the compute
+    quota can bind (`fit`'s attention over the most rows, the longest prefix and the longest piece
+    exceeds it: `batching.pack` then chunks the request that overflows at any length, up to the
+    longest piece)."""
+    longest_new = max(n for _, n in pieces)
+    if get_policy(cfg.policy).name not in LOADS_EVERY_HIT:
+        return cfg.prefill_chunk
+    if cfg.scheduler == "naive":  # no quota: every ready request, each up to the chunk cap
+        return 0
+    longest_prefix = max(s for s, _ in pieces)
+    quota = cfg.compute_quota_ms / 1e3 * model_cfg.n_layers  # `pack`'s, over every layer
+    return longest_new if len(agents) * fit.attention(longest_prefix, longest_new) > quota else 0
+
+
+def _powers(lo: int, hi: int) -> list[int]:
+    """The buckets from `lo` up to `hi` (both buckets, powers of two)."""
+    return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+
+
+def warm_shapes(cfg, model_cfg, block_tokens: int, fit=None) -> list[tuple[int, int, int]]:
+    """(rows, padded new, padded prefix) of every pass `cfg`'s workload can compute, fewest rows
+    first, at most `MAX_WARM_PROGRAMS`. A pass holds at most one request per agent (an agent's next
+    turn waits for its last token): 1 to `agents` rows (at most `MAX_WARM_ROWS`). Its shape is its
+    longest new and its longest prefix, which may come from different rows: every pairing of a new
+    bucket with a prefix bucket. The buckets: those of the `prefill_chunk` pieces
+    (`prefill_shapes`), or, where a pass can cut a request anywhere (`_cut_anywhere`; `fit`: the
+    PE's packing fit, measured when None), every bucket up to the longest piece and the longest
+    prompt."""
+    agents, B = _agents(cfg, model_cfg), DEFAULT_BUCKETS
+    pieces, longest = _pieces(cfg, block_tokens, agents)
+    if not pieces:
+        return []
+    if cfg.scheduler == "full" and fit is None:
+        from dualjax.runtime.startup import attention_fit  # the fit the PE packs with (cached per process)
+        fit = attention_fit(cfg.model)
+    if most := _cut_anywhere(cfg, model_cfg, agents, pieces, fit):
+        news = _powers(B.min_new, B.new(min(most, longest)))
+        prefixes = [0] + (_powers(B.min_prefix, B.prefix(longest - 1)) if longest > 1 else [])
+        single = [(n, c) for n in news for c in prefixes]
+    else:
+        single = [(B.new(n), B.prefix(s)) for s, n in pieces]
+        news, prefixes = {n for n, _ in single}, {c for _, c in single}
+    fits = lambda n, c: n + c <= model_cfg.max_seq_len  # noqa: E731
+    single = sorted({(n, c) for n, c in single if fits(n, c)})
+    pairs = sorted((n, c) for n in news for c in prefixes if fits(n, c))
+    shapes = [(1, n, c) for n, c in single] + [(rows, n, c) for rows in range(2, min(len(agents), MAX_WARM_ROWS) + 1)
+                                                 for n, c in pairs]
+    return shapes[:MAX_WARM_PROGRAMS]
 
 
 def prompt_lengths(cfg, model_cfg) -> list[int]:
