@@ -18,7 +18,7 @@ from models.config import ModelConfigError, UnknownPreset
 from models.costs import decode_flops, kv_bytes_per_token, prefill_flops
 from models.deepseek.config import DeepSeekConfig
 from models.dense.config import ModelConfig, RopeScaling
-from models.presets import PRESETS, get_config, preset_names
+from models.presets import PRESETS, families, get_config, preset_names
 
 _LAZY = {  # public name -> the module that defines it (loaded on first use: these load JAX)
     "forward": "inference", "forward_layer": "inference", "prefill": "inference", "generate": "inference",
@@ -35,8 +35,8 @@ _LAZY = {  # public name -> the module that defines it (loaded on first use: the
 }
 
 __all__ = ["DEFAULT_BUCKETS", "Buckets", "PRESETS", "ModelConfig", "DeepSeekConfig", "RopeScaling",
-           "ModelConfigError", "UnknownPreset", "get_config", "preset_names", "decode_flops", "kv_bytes_per_token",
-           "prefill_flops", *_LAZY]
+           "ModelConfigError", "UnknownPreset", "families", "get_config", "preset_names", "decode_flops",
+           "kv_bytes_per_token", "prefill_flops", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ import glob
 import json
 import os
 
+from models.config import ModelConfigError
 from models.params import Params, abstract_params, check_params
 from models.presets import config_type
 
@@ -25,7 +26,8 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: str, params: Params, cfg) -> None:
-    """Write params (Orbax) and `model_config.json` under directory `path` (created; must not exist).
+    """Write params (Orbax) and `model_config.json` (the config's family and fields) under directory `path`
+    (created; must not exist).
     Raises ValueError naming a tensor that is missing, extra or misshaped for `cfg`."""
     path = os.path.abspath(path)
     check_params(params, cfg)
@@ -33,13 +35,15 @@ def save_checkpoint(path: str, params: Params, cfg) -> None:
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(path, "params"), params)
     with open(os.path.join(path, "model_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=1)
+        json.dump({"family": cfg.family_name(), **dataclasses.asdict(cfg)}, f, indent=1)
 
 
 def read_config(path: str):
-    """The config `save_checkpoint` wrote under `path` (any family: the config type whose fields it
-    holds), without reading any tensor. Raises CheckpointError when there is none, it names a field
-    the config does not have, or a file of the params is missing (`check_files`)."""
+    """The config `save_checkpoint` wrote under `path`, of the family model_config.json records (one
+    without a `family`, written before it was recorded: the config type whose fields it holds, see
+    `models.presets.config_type`), without reading any tensor. Raises CheckpointError when there is
+    none, it names an unknown family or a field the config does not have, or a file of the params is
+    missing (`check_files`)."""
     path = os.path.abspath(path)
     try:
         with open(os.path.join(path, "model_config.json")) as f:
@@ -48,9 +52,10 @@ def read_config(path: str):
         raise CheckpointError(f"{path} is not a dualjax checkpoint (no model_config.json)") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}/model_config.json is not JSON: {e}") from None
+    family = fields.pop("family", None) if isinstance(fields, dict) else None
     try:
-        cfg = config_type(fields).from_fields(fields)
-    except TypeError as e:  # a field this version does not know, or one it needs that is absent
+        cfg = config_type(fields, family).from_fields(fields)
+    except (TypeError, ModelConfigError) as e:  # an unknown family or field, or a needed field absent
         raise CheckpointError(f"{path}/model_config.json: {e}") from None
     check_files(path)
     return cfg

@@ -6,8 +6,9 @@ D model, N query heads, K kv heads, H head dim, F ffw, V vocab, L layers; each f
 (`models.deepseek.config`).
 
 A config names its family (`FAMILY`, a package under `models/`) and reaches it through `cfg.family`,
-which loads the family's JAX code on first use; its cost terms (`cfg.cost_terms()`) and everything
-the store needs (`kv_record_shape`, `kv_dtype`, `kv_format`) stay JAX-free.
+which loads the family's JAX code on first use; its cost terms (`cfg.cost_terms()`), its serving
+costs (`cfg.serving_costs()`: what the simulator asks a family) and everything the store needs
+(`kv_record_shape`, `kv_dtype`, `kv_format`) stay JAX-free.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ KV_DTYPES = {**DTYPES, "uint8": np.dtype(np.uint8)}  # a cache record may be raw
 
 class FamilyConfig:
     """Mixed into each family's frozen config dataclass. Subclasses set `FAMILY` (the family's package:
-    its `family` module holds the family object, its `costs` module the JAX-free cost terms) and define
+    its `family` module holds the family object, its `costs` module the JAX-free `cost_terms` and
+    `serving_costs`) and define
     `dtype`, `n_layers`, `kv_record_shape`, `kv_dtype` and `kv_format`."""
 
     FAMILY: ClassVar[str]
@@ -48,9 +50,18 @@ class FamilyConfig:
         """The family object of this config (`models.family.Family`); loads JAX on first use."""
         return family_of(type(self))
 
+    @classmethod
+    def family_name(cls) -> str:
+        """The family's name, its package's (`dense`, `deepseek`), without JAX: what a checkpoint records."""
+        return cls.FAMILY.rpartition(".")[2]
+
     def cost_terms(self):
         """The terms of this config's cost model (`models.costs.CostTerms`), without JAX."""
         return importlib.import_module(f"{self.FAMILY}.costs").cost_terms(self)
+
+    def serving_costs(self):
+        """What serving this model costs as its family deploys it (`models.costs.ServingCosts`), without JAX."""
+        return importlib.import_module(f"{self.FAMILY}.costs").serving_costs(self)
 
     @classmethod
     def from_fields(cls, fields: dict):

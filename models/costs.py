@@ -1,5 +1,8 @@
 """The cost model of any family's config: KV bytes per token and the FLOPs and cache bytes of prefill and
-decode, from the family's cost terms (`cfg.cost_terms()`, each family's `costs` module).
+decode, from the family's cost terms (`cfg.cost_terms()`, each family's `costs` module), and what serving
+the model costs as the family deploys it (`serving_costs`: the served cache layout, weight and expert
+bytes, expert-parallel traffic), which the simulator's cost model asks the family for instead of knowing
+any family's fields.
 
 Used by the scheduler's profiles, the simulator and the benchmarks (fraction of peak); imports without
 JAX. FLOPs count multiply-adds as 2; attention counts QK^T and PV over the attended positions: every
@@ -21,6 +24,21 @@ class CostTerms:
     indexer_flops: float  # per (new token x visible position)
     kv_bytes_per_token: float  # the cache a query attends to (DeepSeek: latent + RoPE key)
     indexer_bytes_per_token: float  # the indexer's keys (read over the whole context)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingCosts:
+    """What serving a model costs as its family deploys it (each family's `costs.serving_costs`)."""
+    config: object  # the config as served (DeepSeek: its FP8 cache record, the production layout)
+    terms: CostTerms  # of `config`
+    weight_bytes: float  # weights every GPU of one model copy holds (and a decode step reads): all but routed experts
+    expert_weight_bytes: float = 0.0  # routed experts, split over an expert-parallel group
+    ep_bytes_per_token: float = 0.0  # expert-parallel dispatch + combine bytes one token moves per forward
+    moe_layers: int = 0  # layers with routed experts (an expert-parallel all-to-all each)
+
+
+def serving_costs(cfg) -> ServingCosts:
+    return cfg.serving_costs()
 
 
 def kv_bytes_per_token(cfg) -> int:

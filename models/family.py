@@ -8,8 +8,9 @@ records (`kv_record_shape`, `kv_dtype`) in the family's `CacheLayout`.
 
 A new family is a new package `models/<name>/`: a config (a frozen dataclass mixing in `FamilyConfig`,
 with `FAMILY = "models.<name>"`) and its presets, a `costs` module (`cost_terms`, JAX-free) and a
-`family` module (`FAMILY = Family(...)`); its config type and presets are then registered in
-`models.presets`.
+`family` module (`FAMILY = Family(...)`, naming its tiny preset for the tests); its config type and
+presets are then registered in `models.presets`, and the tests parametrized over `models.families()`
+run it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Callable
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Family:
-    name: str
+    name: str  # the config type's `family_name()` (its package's name)
+    # the family's smallest preset, for tests: every test parametrized over `models.families()` runs it
+    tiny_preset: str
     # cfg -> the params' declaration tree (`models.params.Decl` leaves)
     declare: Callable
     # (x [B, T, D], layer params, positions [B, T], cfg, prefix records [B, S, *record], prefix_len [B])

@@ -14,8 +14,7 @@ import numpy as np
 from safetensors import safe_open
 
 from models.checkpoint import CheckpointError
-from models.config import family_of
-from models.presets import CONFIG_TYPES
+from models.presets import families as registered_families
 
 
 class HFImportError(CheckpointError):
@@ -36,7 +35,7 @@ def read_hf_config(path: str) -> dict:
 def family_for(hf: dict):
     """The family whose `hf_names` hold this config.json's `model_type` or first architecture."""
     arch = (hf.get("architectures") or ["?"])[0]
-    families = [family_of(t) for t in CONFIG_TYPES]
+    families = registered_families()
     for family in families:
         if hf.get("model_type") in family.hf_names or arch in family.hf_names:
             return family

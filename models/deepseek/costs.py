@@ -5,12 +5,12 @@ MLA in the absorbed form DeepSeek's sparse kernels use (scores over the latent +
 dims; values are the latent, R dims; `w_uk` / `w_uv` folded into query and output per token),
 attention over at most `index_topk` positions per query, the lightning indexer over every visible
 position (Ni x Hi per pair), and only the activated experts (`n_experts_per_tok` routed + the shared
-ones) in the linear work.
+ones) in the linear work. Served (`serving_costs`) in the production layout, with expert parallelism.
 """
 
 from __future__ import annotations
 
-from models.costs import CostTerms
+from models.costs import CostTerms, ServingCosts
 from models.deepseek.config import DeepSeekConfig
 
 
@@ -64,3 +64,15 @@ def expert_param_count(cfg: DeepSeekConfig) -> int:
     """Parameters of the routed experts (what expert parallelism splits)."""
     moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
     return moe_layers * cfg.n_routed_experts * 3 * cfg.d_model * cfg.moe_ffw
+
+
+def serving_costs(cfg: DeepSeekConfig) -> ServingCosts:
+    """The production layout (../shared/traces/README.md §4): an FP8 cache (V3.2: 656 B of latent + RoPE key
+    per token and layer, 132 B of indexer key) and FP8 weights (1 B per parameter), the routed experts split
+    over an expert-parallel group. Expert-parallel traffic per token and MoE layer: the top-k experts x
+    d_model, FP8 dispatch (1 B) + BF16 combine (2 B) (DeepSeek-V3 report §3.4)."""
+    cfg = cfg.replace(kv_cache_dtype="fp8")
+    experts, moe_layers = expert_param_count(cfg), sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    return ServingCosts(cfg, cost_terms(cfg), weight_bytes=param_count(cfg) - experts, expert_weight_bytes=experts,
+                        ep_bytes_per_token=float(moe_layers * cfg.n_experts_per_tok * cfg.d_model * 3),
+                        moe_layers=moe_layers)

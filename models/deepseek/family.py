@@ -4,6 +4,7 @@ from models.deepseek import hf, model, reference
 from models.family import Family
 
 FAMILY = Family(
-    name="deepseek", declare=model.declare, forward_layer=model.forward_layer, decode_layer=model.decode_layer,
+    name="deepseek", tiny_preset="deepseek-tiny", declare=model.declare,
+    forward_layer=model.forward_layer, decode_layer=model.decode_layer,
     cache_layout=model.cache_layout, kv_axes=model.KV_AXES, reference_logits=reference.reference_logits,
     attention=model.attention, hf_names=hf.MODEL_TYPES, hf_config=hf.hf_config, load_hf=hf.load_hf)

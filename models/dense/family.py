@@ -4,6 +4,7 @@ from models.dense import hf, model
 from models.family import Family
 
 FAMILY = Family(
-    name="dense", declare=model.declare, forward_layer=model.forward_layer, decode_layer=model.decode_layer,
+    name="dense", tiny_preset="tiny", declare=model.declare,
+    forward_layer=model.forward_layer, decode_layer=model.decode_layer,
     cache_layout=model.cache_layout, kv_axes=model.KV_AXES, reference_logits=model.reference_logits,
     attention=model.attention, hf_names=tuple(hf.ARCHITECTURES), hf_config=hf.hf_config, load_hf=hf.load_hf)

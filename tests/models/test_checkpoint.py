@@ -1,5 +1,6 @@
 """Checkpoints: Orbax round trip and Hugging Face import from files the test writes itself."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -102,6 +103,24 @@ def saved(tiny, tmp_path_factory):
     path = tmp_path_factory.mktemp("saved") / "ckpt"
     models.save_checkpoint(str(path), tiny[1], tiny[0])
     return path
+
+
+def test_model_config_records_the_family_and_loading_follows_it(tiny, saved, tmp_path):
+    """The recorded family picks the config type; a file without one (written before families were recorded)
+    falls back to the type whose fields it shares most."""
+    ckpt = shutil.copytree(saved, tmp_path / "ckpt")
+    config = ckpt / "model_config.json"
+    stored = json.loads(config.read_text())
+    assert stored["family"] == "dense" and {k: v for k, v in stored.items() if k != "family"} == json.loads(
+        json.dumps(dataclasses.asdict(tiny[0])))
+    config.write_text(json.dumps({k: v for k, v in stored.items() if k != "family"}))
+    assert models.read_config(str(ckpt)) == tiny[0]  # the fallback: the fields are the dense ones
+    config.write_text(json.dumps({**stored, "family": "deepseek"}))  # the record wins over the fields' overlap
+    with pytest.raises(models.CheckpointError, match=r"model_config\.json: .*DeepSeekConfig.*unexpected keyword"):
+        models.read_config(str(ckpt))
+    config.write_text(json.dumps({**stored, "family": "gpt"}))
+    with pytest.raises(models.CheckpointError, match=r"unknown model family 'gpt'; families: dense, deepseek"):
+        models.read_config(str(ckpt))
 
 
 @pytest.mark.parametrize("removed,named", [

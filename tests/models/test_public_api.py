@@ -1,5 +1,6 @@
-"""Every public function of `models` works for every family: each is called here with a tiny config of
-each family and checked against the family's reference forward or against another public function."""
+"""Every public function of `models` works for every family: each is called here with the tiny preset of
+each registered family (`models.families()`, `Family.tiny_preset`) and checked against the family's
+reference forward or against another public function."""
 
 import inspect
 import json
@@ -21,7 +22,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 T = 40  # > deepseek-tiny's index_topk (24): its sparse selection is in play
 
 
-@pytest.fixture(scope="module", params=["tiny", "deepseek-tiny"])
+@pytest.fixture(scope="module", params=[f.tiny_preset for f in models.families()])
 def model(request):
     cfg = models.get_config(request.param)
     params = models.init_params(cfg, seed=2)
@@ -99,38 +100,57 @@ def test_sharded_params_give_the_single_device_logits(model):
     np.testing.assert_allclose(np.asarray(models.prefill(sharded, cfg, tokens)[0]), ref, **TOL)
 
 
-def _write_hf_dir(path, cfg, params):
-    """A Hugging Face checkpoint directory of params, in the family's published layout."""
-    path.mkdir()
-    if cfg.family.name == "dense":
-        _write_hf(path, cfg, params, "LlamaForCausalLM", shards=1)
-    else:
-        save_file(to_hf(params, cfg), str(path / "model.safetensors"))
-        (path / "config.json").write_text(json.dumps(hf_config_dict(cfg)))
+def _write_dense_hf(path, cfg, params):
+    _write_hf(path, cfg, params, "LlamaForCausalLM", shards=1)
+
+
+def _write_deepseek_hf(path, cfg, params):
+    save_file(to_hf(params, cfg), str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(hf_config_dict(cfg)))
+
+
+# family -> a writer of a Hugging Face directory in the family's published layout (the inverse of its load_hf)
+HF_WRITERS = {"dense": _write_dense_hf, "deepseek": _write_deepseek_hf}
 
 
 def test_checkpoints_round_trip(model, tmp_path):
     cfg, params, _, _ = model
     models.save_checkpoint(str(tmp_path / "orbax"), params, cfg)
+    stored = json.loads((tmp_path / "orbax" / "model_config.json").read_text())
+    assert stored["family"] == cfg.family.name == type(cfg).family_name()
     assert models.read_config(str(tmp_path / "orbax")) == cfg
     restored_cfg, restored = models.restore_checkpoint(str(tmp_path / "orbax"))
-    _write_hf_dir(tmp_path / "hf", cfg, params)
-    hf_cfg, hf_params = models.load_hf(str(tmp_path / "hf"))
-    source = models.resolve_model(str(tmp_path / "hf"))
-    assert restored_cfg == hf_cfg == source.config == cfg and source.kind == "hf"
-    for tree in (restored, hf_params, source.load_params()):
+    source = models.resolve_model(str(tmp_path / "orbax"))
+    assert restored_cfg == source.config == cfg and source.kind == "orbax"
+    for tree in (restored, source.load_params()):
         for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_presets_reach_their_family_through_the_config():
+def test_hugging_face_directories_round_trip(model, tmp_path):
+    cfg, params, _, _ = model
+    (tmp_path / "hf").mkdir()
+    HF_WRITERS[cfg.family.name](tmp_path / "hf", cfg, params)
+    hf_cfg, hf_params = models.load_hf(str(tmp_path / "hf"))
+    source = models.resolve_model(str(tmp_path / "hf"))
+    assert hf_cfg == source.config == cfg and source.kind == "hf"
+    for tree in (hf_params, source.load_params()):
+        for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(params), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_every_family_names_its_tiny_preset_and_reaches_it_through_the_config():
+    families = models.families()
+    assert len({f.name for f in families}) == len(families) >= 2
+    for family in families:
+        cfg = models.get_config(family.tiny_preset)
+        assert cfg.family is family and type(cfg).family_name() == family.name
     names = models.preset_names()
-    assert {"tiny", "deepseek-tiny"} <= set(names) and set(names) == set(models.PRESETS)
-    for name in names:
+    assert set(names) == set(models.PRESETS)
+    for name in names:  # every preset belongs to a registered family, and `--model` resolves it to itself
         cfg = models.get_config(name)
-        assert cfg.family.name == {models.ModelConfig: "dense", models.DeepSeekConfig: "deepseek"}[type(cfg)]
-        assert models.resolve_model(name).config == cfg
-    with pytest.raises(models.UnknownPreset, match="deepseek-tiny"):
+        assert cfg.family in families and models.resolve_model(name).config == cfg
+    with pytest.raises(models.UnknownPreset, match=families[-1].tiny_preset):
         models.get_config("no-such-model")
 
 
