@@ -99,7 +99,7 @@ def restore_checkpoint(path: str, shardings=None):
         try:
             params = ckptr.restore(os.path.join(path, "params"), abstract_params(cfg, shardings))
         except Exception as e:  # Orbax and TensorStore raise several types for a damaged file
-            raise CheckpointError(f"damaged checkpoint {path}: its params cannot be read: {_innermost(e)}") from e
+            raise CheckpointError(f"damaged checkpoint {path}: its params cannot be read: {_innermost(e)}") from None
     return cfg, params
 
 
