@@ -15,10 +15,14 @@ and a tail of them recomputed instead of loaded (docs/policies.md).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
+import inspect
 import math
 import numbers
+import os
+import traceback
 
 from dualjax.core.streams import stream
 
@@ -83,17 +87,59 @@ _PE = Plan()  # every "pe" choice's plan (a Plan is immutable)
 
 
 def as_plan(choice, request, policy) -> tuple[Plan, str]:
-    """(plan, path label) of what `policy.path` returned for `request`; ValueError (one line, naming the
-    policy) for anything but "pe", "de" or a Plan that fits the request."""
+    """(plan, path label) of what `policy.path` returned for `request`; PolicyError (one line, naming the
+    policy and the request) for anything but "pe", "de" or a Plan that fits the request."""
     if choice == "pe":
         return _PE, "pe"
     if choice == "de":
         return Plan(de_tokens=request.hit_tokens), "de"
     if not isinstance(choice, Plan):
-        raise ValueError(f"policy {policy.name!r} chose path {choice!r}; a path is 'pe', 'de' or a Plan")
+        raise PolicyError(f"policy {policy.name!r} chose path {choice!r} for request {request.id}; "
+                          f"a path is 'pe', 'de' or a Plan")
     if (why := choice.problem(request)) is not None:
-        raise ValueError(f"policy {policy.name!r} chose {choice} for request {request.id}: {why}")
+        raise PolicyError(f"policy {policy.name!r} chose {choice} for request {request.id}: {why}")
     return choice, choice.label(request)
+
+
+def _where(e: BaseException) -> str:
+    """`file:line` of the innermost frame of `e`'s traceback: where the author's code failed."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def _failed(policy, what: str, request, e: Exception) -> "PolicyError":
+    return PolicyError(f"policy {getattr(policy, 'name', type(policy).__name__)!r} raised {type(e).__name__}"
+                       f"{_where(e)} in {what} for request {request.id} (agent {request.agent}, turn "
+                       f"{request.turn}): {e}".replace("\n", " "))
+
+
+def decide(policy, request, pe, de) -> tuple[Plan, str]:
+    """(plan, path label) of `policy.path(request, pe, de)`: the scheduler's one call of a policy's
+    `path`. Whatever the policy raises, or answers that is not a path, becomes a PolicyError: one line
+    naming the policy, the request and the fault (the raised exception is its `__cause__`, so a
+    traceback still shows the author's line)."""
+    try:
+        choice = policy.path(request, pe, de)
+    except Exception as e:  # noqa: BLE001 - an author's bug, reported as such
+        raise _failed(policy, "path", request, e) from e
+    return as_plan(choice, request, policy)
+
+
+def choose_engines(policy, request, pes, des) -> tuple[int, int] | None:
+    """`policy.engines(request, pes, des)` checked: None, or a (PE rank, DE rank) pair of the engines
+    shown; anything else, or an exception, is a PolicyError naming the policy and the request."""
+    try:
+        got = policy.engines(request, pes, des)
+    except Exception as e:  # noqa: BLE001
+        raise _failed(policy, "engines", request, e) from e
+    if got is None:
+        return None
+    ok_pe, ok_de = {v.rank for v in pes}, {v.rank for v in des}
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and got[0] in ok_pe and got[1] in ok_de):
+        raise PolicyError(f"policy {policy.name!r} chose engines {got!r} for request {request.id}; engines "
+                          f"answers None or (PE rank, DE rank) with a PE of {sorted(ok_pe)} and a DE of "
+                          f"{sorted(ok_de)}")
+    return got[0], got[1]
 
 
 class Policy:
@@ -190,25 +236,30 @@ class DualPathSplit(Policy):
 def recompute_tail(request, pe, reader) -> int:
     """Hit tokens (a whole-block tail) to recompute rather than load, when `reader` reads the rest.
 
-    The tail r that ends the request soonest, its end taken as the later of loading the rest,
-    (q + H - r) / R behind `reader`'s queue (nothing to wait for when r = H), and computing it, the PE's
-    queued tokens at its prefill rate then one pass over (H - r cached, miss + r new) by its packing fit;
-    but none when that tail costs the PE more time than it saves the storage NIC (fit(H - r, miss + r) -
-    fit(H, miss) > r / R: it would speed this request at the others' expense). Loading falls and
-    computing grows with r, so the candidates are where they cross (bisection) and r = H. 0 when a view
-    lacks a rate or a fit."""
+    The tail r that ends the request soonest, its end taken as the later of the two waits it has:
+    loading the rest behind the queue of `reader`'s storage NIC, (q + H - r) / R (q: the hit tokens
+    queued on that node's NIC before it, R: that NIC's rate; nothing to wait for when r = H), and
+    computing on the PE, its own queue first, tokens / prefill_tokens_per_s, then one pass over
+    (H - r cached, miss + r new) by its packing fit; ties: the shorter tail. Loading falls and computing
+    grows with r, so the candidates are where they cross (bisection) and r = H. That tail is kept when
+    it costs the PE no more time than it saves the NIC, fit(H - r, miss + r) - fit(H, miss) <= r / R,
+    or when the NIC is the bottleneck whatever the PE does: the reads queued ahead of this one alone
+    outlast the PE's queue and a pass over the whole prompt, q / R > tokens / rate + fit(0, prompt).
+    Otherwise the PE time it takes would delay the requests after it for less than it gains: 0. A
+    recomputed tail is charged to the PE's tokens, so the next request sees the PE busier. 0 when a
+    view lacks a rate or a fit."""
     hit, T, miss = request.hit_tokens, request.block_tokens, request.miss_tokens
     R, rate, fit = reader.read_tokens_per_s, pe.prefill_tokens_per_s, pe.prefill_s
-    if not hit or not R or not rate or fit is None:
+    if not hit or not R or not rate or fit is None or not math.isfinite(R):
         return 0
-    busy = pe.tokens / rate
+    busy, q = pe.tokens / rate, reader.read_q_tokens
 
     def end(r: int) -> float:
-        load = (reader.read_q_tokens + hit - r) / R if r < hit else 0.0
+        load = (q + hit - r) / R if r < hit else 0.0
         return max(load, busy + fit(hit - r, miss + r))
 
     def load_later(b: int) -> bool:
-        return (reader.read_q_tokens + hit - b * T) / R > busy + fit(hit - b * T, miss + b * T)
+        return (q + hit - b * T) / R > busy + fit(hit - b * T, miss + b * T)
 
     if not load_later(0):
         return 0
@@ -217,12 +268,16 @@ def recompute_tail(request, pe, reader) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if load_later(mid) else (lo, mid)
     r = min((0, lo * T, hi * T, hit), key=lambda r: (end(r), r))
-    return r if fit(hit - r, miss + r) - fit(hit, miss) <= r / R else 0
+    if fit(hit - r, miss + r) - fit(hit, miss) <= r / R or q / R > busy + fit(0, request.prompt_tokens):
+        return r
+    return 0
 
 
 class DualPathRecompute(DualPath):
     """DualPath's side, then the tail of the hit prefix recomputed where that ends the request sooner
-    than loading it and costs the PE no more time than it saves the storage NIC (`recompute_tail`)."""
+    than loading it, by the queues it waits in: the chosen side's storage read queue and the PE's own
+    queue, unless it costs the PE more than it saves the NIC while the NIC is not the bottleneck
+    (`recompute_tail`)."""
     name = "dualpath-recompute"
 
     def path(self, request, pe, de):
@@ -233,20 +288,197 @@ class DualPathRecompute(DualPath):
         return Plan(de_tokens=request.hit_tokens - r if side == "de" else 0, recompute_tokens=r)
 
 
+# -- the field's load-or-recompute rules (docs/policies.md, "Baselines from the field") --------------
+
+SIDES = ("pe", "de", "dualpath")
+
+
+def _side(side: str, pe, de) -> str:
+    """"pe" or "de": `side` itself, or DualPath's choice (the shorter storage read queue) for "dualpath"."""
+    if side == "dualpath":
+        return "pe" if pe.read_q_tokens <= de.read_q_tokens else "de"
+    return side
+
+
+def _load_prefix(request, side: str, loaded: int):
+    """`side` reads the first `loaded` hit tokens (rounded down to a block), the PE recomputes the rest."""
+    T = request.block_tokens
+    loaded = max(0, min(request.hit_tokens, int(loaded) // T * T))
+    if loaded == request.hit_tokens:
+        return side
+    return Plan(de_tokens=loaded if side == "de" else 0, recompute_tokens=request.hit_tokens - loaded)
+
+
+def _readable(reader, seconds: float) -> float:
+    """Tokens `reader`'s storage NIC delivers for a new read within `seconds`, behind its queue."""
+    R = reader.read_tokens_per_s
+    if not R or not math.isfinite(R):
+        return math.inf
+    return seconds * R - reader.read_q_tokens
+
+
+class _FieldRule(Policy):
+    """A rule from another system: `side` ("pe", the default: the engine that prefills reads, as in
+    those systems; "de"; or "dualpath", the shorter read queue) reads what the rule loads."""
+
+    side = "pe"
+
+    def __init__(self, side: str | None = None):
+        if side is not None:
+            self.side = side
+        if self.side not in SIDES:
+            raise ValueError(f"side={self.side!r}: one of {', '.join(SIDES)}")
+
+
+class LlmdPull(_FieldRule):
+    """llm-d's cost-aware pull-or-recompute (llm-d-router issues 2273, 2443): load the H hit tokens only
+    when t0 + H * beta + setup < T_recompute * (1 + L / B), beta = 1 / R the reading node's storage
+    NIC, T_recompute the PE's idle time to compute them (`prefill_s(0, prompt) - prefill_s(H, miss)`, or
+    H / prefill_tokens_per_s without a fit), L the PE's queued tokens and B `batch_tokens`: R_eff =
+    R_peak / (1 + L / B), half the rate when a full batch is in flight. Else recompute them all.
+    `read_queue=True` adds the reading NIC's queue to the pull, q / R."""
+    name, side = "llmd-pull", "dualpath"
+
+    def __init__(self, t0_s: float = 0.0, setup_s: float = 0.0, batch_tokens: int = 8192,
+                 read_queue: bool = False, side: str | None = None):
+        super().__init__(side)
+        self.t0_s, self.setup_s, self.batch_tokens, self.read_queue = t0_s, setup_s, batch_tokens, read_queue
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        hit = request.hit_tokens
+        reader, rate = pe if side == "pe" else de, pe.prefill_tokens_per_s
+        R = reader.read_tokens_per_s
+        if not hit or not R or not rate or not math.isfinite(R):
+            return side
+        pull = self.t0_s + hit / R + self.setup_s + (reader.read_q_tokens / R if self.read_queue else 0.0)
+        fit = pe.prefill_s
+        idle = fit(0, request.prompt_tokens) - fit(hit, request.miss_tokens) if fit else hit / rate
+        return side if pull < idle * (1 + pe.tokens / self.batch_tokens) else _load_prefix(request, side, 0)
+
+
+class HitRatio(_FieldRule):
+    """Mooncake's cache-aware threshold (Conductor, arXiv 2407.00079 §6, Algorithm 1): load the prefix
+    when it is a large enough share of the prompt, `hit_tokens / prompt_tokens >= threshold`; else
+    recompute it all. No cost model."""
+    name = "hit-ratio"
+
+    def __init__(self, threshold: float = 0.5, side: str | None = None):
+        super().__init__(side)
+        self.threshold = threshold
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        if request.hit_tokens >= self.threshold * request.prompt_tokens:
+            return side
+        return _load_prefix(request, side, 0)
+
+
+class HiCacheWait(_FieldRule):
+    """SGLang HiCache's `wait_complete` prefetch: a prefix of at least `prefetch_threshold` hit tokens
+    is loaded whole before the prefill; a shorter one is recomputed (HiCache does not prefetch it)."""
+    name = "hicache-wait"
+
+    def __init__(self, prefetch_threshold: int = 256, side: str | None = None):
+        super().__init__(side)
+        self.prefetch_threshold = prefetch_threshold
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        return side if request.hit_tokens >= self.prefetch_threshold else _load_prefix(request, side, 0)
+
+
+class HiCacheBestEffort(HiCacheWait):
+    """SGLang HiCache's `best_effort` prefetch: the prefill starts when the PE is free, with whatever
+    part of the prefix has arrived by then; the rest is recomputed. Predicted here: the whole blocks the
+    reading NIC delivers, behind its queue, within the PE's own queue, tokens / prefill_tokens_per_s (an
+    idle PE: none). Below `prefetch_threshold` everything is recomputed."""
+    name = "hicache-best-effort"
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        rate = pe.prefill_tokens_per_s
+        if request.hit_tokens < self.prefetch_threshold:
+            return _load_prefix(request, side, 0)
+        if not rate:
+            return side
+        return _load_prefix(request, side, min(request.hit_tokens,
+                                               _readable(pe if side == "pe" else de, pe.tokens / rate)))
+
+
+class HiCacheTimeout(HiCacheWait):
+    """SGLang HiCache's `timeout` prefetch (its default): the prefill waits for the prefix up to
+    `timeout_base_s + timeout_per_ki_token_s * H / 1024` seconds, then recomputes what has not arrived.
+    Predicted here: the whole blocks the reading NIC delivers, behind its queue, within that time."""
+    name = "hicache-timeout"
+
+    def __init__(self, prefetch_threshold: int = 256, timeout_base_s: float = 1.0,
+                 timeout_per_ki_token_s: float = 0.25, side: str | None = None):
+        super().__init__(prefetch_threshold, side)
+        self.timeout_base_s, self.timeout_per_ki_token_s = timeout_base_s, timeout_per_ki_token_s
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        hit = request.hit_tokens
+        if hit < self.prefetch_threshold:
+            return _load_prefix(request, side, 0)
+        limit = self.timeout_base_s + self.timeout_per_ki_token_s * hit / 1024
+        return _load_prefix(request, side, min(hit, _readable(pe if side == "pe" else de, limit)))
+
+
+class LlmdSelective(_FieldRule):
+    """llm-d's selective KV load (llm-d-router pull request 2833, "1024 + 8"): load when the prefix has
+    at least `min_tokens` hit tokens and the PE has fewer than `max_waiting` requests (`seq`); else
+    recompute it all."""
+    name = "llmd-selective"
+
+    def __init__(self, min_tokens: int = 1024, max_waiting: int = 8, side: str | None = None):
+        super().__init__(side)
+        self.min_tokens, self.max_waiting = min_tokens, max_waiting
+
+    def path(self, request, pe, de):
+        side = _side(self.side, pe, de)
+        if request.hit_tokens >= self.min_tokens and pe.seq < self.max_waiting:
+            return side
+        return _load_prefix(request, side, 0)
+
+
 POLICIES = {cls.name: cls for cls in (Basic, PeOnly, DeOnly, RoundRobin, Random, DualPath, DualPathSplit,
-                                      DualPathRecompute)}
+                                      DualPathRecompute, LlmdPull, HitRatio, HiCacheWait, HiCacheBestEffort,
+                                      HiCacheTimeout, LlmdSelective)}
 
 
-class PolicyError(KeyError):
-    """An unknown policy name or a `pkg.module:ClassName` reference that does not resolve."""
+class PolicyError(ValueError, KeyError):
+    """A policy that cannot be found or built, or that raised or answered wrongly for a request: bad
+    input, reported in one line (`dualjax.cli.errors`)."""
 
     def __str__(self) -> str:
         return self.args[0]
 
 
+def split_ref(ref: str) -> tuple[str, dict]:
+    """(`name` or `pkg.module:ClassName`, constructor arguments) of a policy reference with arguments,
+    `NAME:arg=value,arg=value` (values are Python literals, else strings)."""
+    base, _, args = ref.rpartition(":")
+    if "=" not in args or not base:
+        return ref, {}
+    kwargs = {}
+    for item in args.split(","):
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or not key.isidentifier():
+            raise PolicyError(f"policy {ref!r}: {item.strip()!r} is not arg=value")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return base, kwargs
+
+
 def policy_class(ref: str) -> type[Policy]:
     """The Policy class named by a built-in name or `pkg.module:ClassName` (importable on every host,
-    so the same class runs embedded, under mpiexec and in the simulator). Raises PolicyError."""
+    so the same class runs embedded, under mpiexec and in the simulator), arguments aside. Raises
+    PolicyError."""
+    ref = split_ref(ref)[0]
     if ref in POLICIES:
         return POLICIES[ref]
     if ":" not in ref:
@@ -254,18 +486,48 @@ def policy_class(ref: str) -> type[Policy]:
     module, _, name = ref.partition(":")
     try:
         cls = getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise PolicyError(f"policy {ref!r}: cannot import module {module!r} ({e})") from None
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):  # its own import
+            raise PolicyError(f"policy {ref!r}: importing module {module!r} failed{_where(e)}: {e}") from e
+        raise PolicyError(f"policy {ref!r}: cannot import module {module!r}: no {e.name!r} on Python's path "
+                          f"(PYTHONPATH={os.environ.get('PYTHONPATH', '')!r}; the dualjax command does not add "
+                          f"the working directory): export PYTHONPATH=<the directory holding it>") from None
     except AttributeError:
         raise PolicyError(f"policy {ref!r}: module {module!r} has no {name!r}") from None
+    except Exception as e:  # noqa: BLE001 - the module itself raised on import
+        raise PolicyError(f"policy {ref!r}: importing module {module!r} raised {type(e).__name__}"
+                          f"{_where(e)}: {e}") from e
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise PolicyError(f"policy {ref!r}: {name!r} is not a subclass of dualjax.core.policies.Policy")
     return cls
 
 
 def get_policy(policy) -> Policy:
-    """A Policy object from a name or `pkg.module:ClassName` (or the object itself)."""
-    return policy if isinstance(policy, Policy) else policy_class(policy)()
+    """A Policy object from a name or `pkg.module:ClassName`, either with constructor arguments as
+    `REF:arg=value,...` (or the object itself). A constructor that needs arguments the reference does
+    not give, refuses them or raises is a PolicyError in one line."""
+    if isinstance(policy, Policy):
+        return policy
+    cls, (_, kwargs) = policy_class(policy), split_ref(policy)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        params = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+                           for p in inspect.signature(cls).parameters.values())
+        raise PolicyError(f"policy {policy!r}: {cls.__name__}({params}) cannot be built from {kwargs or 'no arguments'}"
+                          f" ({e}); give every constructor argument a default, or pass them as "
+                          f"NAME:arg=value,...") from None
+    try:
+        obj = cls(**kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise PolicyError(f"policy {policy!r}: {cls.__name__}(**{kwargs}) raised {type(e).__name__}{_where(e)}: "
+                          f"{e}") from e
+    if kwargs:  # reports and tables tell the settings apart
+        try:
+            obj.name = f"{cls.name}:{','.join(f'{k}={v}' for k, v in kwargs.items())}"
+        except AttributeError:
+            pass
+    return obj
 
 
 def layerwise_conflict(policy, layerwise: bool | None) -> str | None:

@@ -104,7 +104,7 @@ FITS = {  # seconds of a one-row pass (cached, new); reads: 1,000 tokens/s
 # per fit: no queue, a long queue, a busy PE, only the PE busy, a short queue
 @pytest.mark.parametrize("fit", sorted(FITS))
 @pytest.mark.parametrize("q,busy_tokens", [(0, 0), (20_000, 0), (20_000, 30_000), (0, 30_000), (5_000, 2_000)])
-def test_recompute_tail_ends_the_request_soonest_unless_it_costs_more(fit, q, busy_tokens):
+def test_recompute_tail_ends_the_request_soonest(fit, q, busy_tokens):
     r, f = req(hit=40 * T, prompt=41 * T), FITS[fit]
     pe, reader = engine("prefill", 0, tokens=busy_tokens, fit=f), engine("decode", q)
 
@@ -113,16 +113,70 @@ def test_recompute_tail_ends_the_request_soonest_unless_it_costs_more(fit, q, bu
         return max(load, busy_tokens / 2000.0 + f(r.hit_tokens - x, r.miss_tokens + x))
     best = min(range(0, r.hit_tokens + 1, T), key=lambda x: (round(end(x), 9), x))  # by brute force
     dear = f(r.hit_tokens - best, r.miss_tokens + best) - f(r.hit_tokens, r.miss_tokens) > best / 1000.0
-    assert recompute_tail(r, pe, reader) == (0 if dear else best)
+    bottleneck = q / 1000.0 > busy_tokens / 2000.0 + f(0, r.prompt_tokens)  # the NIC, whatever the PE does
+    assert recompute_tail(r, pe, reader) == (0 if dear and not bottleneck else best)
 
 
-def test_recompute_tail_cases_cover_none_some_all_and_the_cost_bound():
+def test_recompute_tail_cases_cover_none_some_all_and_both_reasons_to_keep_a_tail():
     r = req(hit=40 * T, prompt=41 * T)
     got = {(fit, q): recompute_tail(r, engine("prefill", 0, fit=FITS[fit]), engine("decode", q)) // T
            for fit in FITS for q in (0, 20_000)}
-    # some, all; none (dear); none (the soonest tail, 19 blocks, costs more than it saves), all
-    assert got == {("cheap", 0): 26, ("cheap", 20_000): 40, ("dear", 0): 0, ("dear", 20_000): 0,
+    # cheap: some (a 26-block tail ends the request soonest and costs less than it saves), all;
+    # dear: none without a queue; behind 20 s of queued reads, computing the whole prompt (10.5 s) ends
+    # it sooner and the NIC is the bottleneck: all; attention, no queue: the soonest tail (19 blocks)
+    # costs more than it saves; attention, 20 s of queued reads: the NIC is the bottleneck, all of them
+    assert got == {("cheap", 0): 26, ("cheap", 20_000): 40, ("dear", 0): 0, ("dear", 20_000): 40,
                    ("attention", 0): 0, ("attention", 20_000): 40}
+
+
+LINEAR = AttentionFit(0.0, 5e-4, 1e-3).predict  # 1 ms + 0.5 ms per new token: 2,000 new tokens/s
+
+
+def views(read_rate, pe_tokens=0, q=0):
+    pe = EngineView(1, "prefill", 1, tokens=pe_tokens, read_q_tokens=q, read_tokens_per_s=read_rate,
+                    prefill_tokens_per_s=2000.0, prefill_s=LINEAR)
+    return pe, EngineView(2, "decode", 2, read_q_tokens=q + 1, read_tokens_per_s=read_rate)
+
+
+def test_a_slow_nic_recomputes_the_tail_that_ends_the_request_soonest():
+    # 40 hit blocks (2,560 tokens), 64 miss; a 100 tokens/s NIC: loading all takes 25.6 s, computing all
+    # 1 + 0.5 * 2,624 ms = 1.313 s. A tail of 38 blocks: load 128 tokens in 1.28 s, compute 2,496 new in
+    # 1.249 s: ends at 1.28 s; 39 blocks: 0.64 s and 1.281 s; 37 blocks: 1.92 s. So 38 blocks.
+    r = req(hit=40 * T, prompt=41 * T)
+    pe, de = views(100.0)
+    assert recompute_tail(r, pe, pe) == 38 * T
+    assert DualPathRecompute().path(r, pe, de) == Plan(recompute_tokens=38 * T)  # the PE's queue is shorter
+
+
+def test_an_idle_fast_nic_loads_everything():
+    r = req(hit=40 * T, prompt=41 * T)
+    pe, de = views(1e6)  # 2.56 ms to load, 33 ms to compute the miss over the prefix
+    assert recompute_tail(r, pe, pe) == 0 and DualPathRecompute().path(r, pe, de) == "pe"
+
+
+def test_a_busy_pe_loads_even_from_a_slow_nic():
+    r = req(hit=40 * T, prompt=41 * T)
+    pe, de = views(100.0, pe_tokens=60_000)  # 30 s of the PE's own queue: the 25.6 s load is done first
+    assert recompute_tail(r, pe, pe) == 0 and DualPathRecompute().path(r, pe, de) == "pe"
+    pe, de = views(100.0, pe_tokens=40_000)  # 20 s: waiting 25.6 s for the load would idle it 5.6 s
+    assert 0 < recompute_tail(r, pe, pe) < r.hit_tokens
+
+
+def test_a_long_read_queue_on_a_fast_nic_recomputes():
+    # what a node-wide cost bound never allowed: 2 s of reads queued ahead on a 1 M tokens/s NIC, an
+    # idle PE that computes the whole prompt in 1.313 s
+    r = req(hit=40 * T, prompt=41 * T)
+    pe, _ = views(1e6, q=2_000_000)
+    assert recompute_tail(r, pe, pe) == r.hit_tokens
+
+
+def test_a_shorter_queue_on_a_fast_nic_loads():
+    # 1 s of reads ahead: a 30-block tail would end the request 2 ms sooner (1.00064 s against
+    # 1.00256 s) at 0.96 s of the PE's time, to save 1.9 ms of the NIC's, and the queue is shorter than
+    # the 1.313 s pass over the whole prompt: the NIC is not the bottleneck, so everything loads
+    r = req(hit=40 * T, prompt=41 * T)
+    pe, _ = views(1e6, q=1_000_000)
+    assert recompute_tail(r, pe, pe) == 0
 
 
 def test_recompute_keeps_dualpaths_side_and_needs_a_fit():

@@ -5,8 +5,11 @@ and DE; the policy's own state kept between calls."""
 
 from __future__ import annotations
 
+import pytest
+
 from dualjax.core.policies import Policy, get_policy
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
+from tests.dualjax.core import custom_policy
 
 
 class Hysteresis(Policy):
@@ -77,3 +80,109 @@ def test_the_scheduler_calls_a_policy_once_per_request_with_snapshots_before_pla
     assert policy.paths[1][1:] == (1, 5000, 2, 5050, 4096, 0)
     assert policy.paths[2][1:] == (1, 10000, 2, 10100, 4096, 4096)  # request 1 went to the DE side
     assert [d.path for d in decisions] == ["pe", "de", "pe"]
+
+
+# -- a policy author's mistakes read as such: one line naming the policy, the request and the fault ----
+
+CUSTOM = "tests.dualjax.core.custom_policy"
+
+
+def one_line(e) -> str:
+    text = str(e.value)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_a_policy_that_raises_is_named_with_the_request_and_the_authors_line():
+    from dualjax.core.policies import PolicyError, decide
+    from tests.dualjax.core.custom_policy import Raises
+    with pytest.raises(PolicyError) as e:
+        decide(Raises(), request(rid=7, agent=3, turn=2), pe(0), de(0))
+    text = one_line(e)
+    assert text.startswith("policy 'raises' raised KeyError at custom_policy.py:")
+    assert "request 7 (agent 3, turn 2): 3" in text
+    line = int(text.split("custom_policy.py:")[1].split()[0])  # the line that raised, for the author
+    assert "[request.agent]" in open(custom_policy.__file__).read().splitlines()[line - 1]
+    assert isinstance(e.value.__cause__, KeyError)  # the traceback (runtime failure files) keeps the rest
+
+
+@pytest.mark.parametrize("cls,fault", [
+    ("NotAPath", "chose path 'both' for request 0; a path is 'pe', 'de' or a Plan"),
+    ("HalfBlock", "chose Plan(de_tokens=32, recompute_tokens=0) for request 0: de_tokens=32 is not a whole "
+                  "number of 64-token blocks"),
+])
+def test_a_wrong_answer_stops_the_scheduler_in_one_line(cls, fault):
+    from dualjax.core.policies import PolicyError
+    sch = Scheduler(get_policy(f"{CUSTOM}:{cls}"), Thresholds(10**6, 10**6), [pe(0), de(0)])
+    with pytest.raises(PolicyError) as e:
+        sch.schedule(Waiting([request()]))
+    assert one_line(e) == f"policy {get_policy(f'{CUSTOM}:{cls}').name!r} {fault}"
+
+
+def test_engines_answers_are_checked():
+    from dualjax.core.policies import PolicyError, choose_engines
+
+    class Elsewhere(Recorder):
+        name = "elsewhere"
+
+        def engines(self, request, pes, des):
+            return (2, 1)  # the DE where the PE goes
+
+    with pytest.raises(PolicyError) as e:
+        choose_engines(Elsewhere(), request(rid=4), [pe(0)], [de(0)])
+    assert one_line(e) == ("policy 'elsewhere' chose engines (2, 1) for request 4; engines answers None or "
+                           "(PE rank, DE rank) with a PE of [1] and a DE of [2]")
+    assert choose_engines(Recorder(), request(), [pe(0)], [de(0)]) is None
+
+
+def test_a_constructor_that_needs_arguments_says_how_to_give_them():
+    from dualjax.core.policies import PolicyError
+    with pytest.raises(PolicyError) as e:
+        get_policy(f"{CUSTOM}:NeedsMargin")
+    text = one_line(e)
+    assert text.startswith(f"policy '{CUSTOM}:NeedsMargin': NeedsMargin(margin_tokens) cannot be built from no "
+                           f"arguments (missing a required argument: 'margin_tokens')")
+    assert text.endswith("give every constructor argument a default, or pass them as NAME:arg=value,...")
+    built = get_policy(f"{CUSTOM}:NeedsMargin:margin_tokens=512")
+    assert built.margin == 512 and built.name == "needs-margin:margin_tokens=512"
+
+
+def test_constructor_arguments_by_name():
+    from dualjax.core.policies import HiCacheTimeout, PolicyError
+    p = get_policy("hicache-timeout:timeout_base_s=2.5,side=dualpath")
+    assert (type(p), p.timeout_base_s, p.timeout_per_ki_token_s, p.side) == (HiCacheTimeout, 2.5, 0.25, "dualpath")
+    assert p.name == "hicache-timeout:timeout_base_s=2.5,side=dualpath"  # the report tells settings apart
+    with pytest.raises(PolicyError) as e:
+        get_policy("hit-ratio:treshold=0.9")
+    assert "HitRatio(threshold=0.5, side=None) cannot be built from {'treshold': 0.9}" in one_line(e)
+    with pytest.raises(PolicyError) as e:
+        get_policy("hit-ratio:side=both")
+    assert "raised ValueError at policies.py:" in one_line(e) and "side='both': one of pe, de, dualpath" in str(e.value)
+
+
+def test_a_module_that_cannot_be_imported_says_where_modules_are_found(tmp_path, monkeypatch):
+    from dualjax.core.policies import PolicyError
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    with pytest.raises(PolicyError) as e:
+        get_policy("mypolicies:Hysteresis")
+    assert one_line(e) == ("policy 'mypolicies:Hysteresis': cannot import module 'mypolicies': no 'mypolicies' on "
+                           "Python's path (PYTHONPATH="
+                           "'/somewhere/else'; the dualjax command does not add the working directory): export "
+                           "PYTHONPATH=<the directory holding it>")
+    (tmp_path / "brokenpolicies.py").write_text("import json\n\nraise RuntimeError('no store configured')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PolicyError) as e:
+        get_policy("brokenpolicies:Any")
+    assert one_line(e) == ("policy 'brokenpolicies:Any': importing module 'brokenpolicies' raised RuntimeError at "
+                           "brokenpolicies.py:3: no store configured")
+
+
+@pytest.mark.parametrize("cls,fault", [("NotAPath", "chose path 'both' for request"),
+                                       ("HalfBlock", "is not a whole number of 64-token blocks"),
+                                       ("NeedsMargin", "cannot be built from no arguments")])
+def test_the_simulator_ends_in_one_line_and_exit_code_2(capsys, cls, fault):
+    from dualjax.cli import main as cli
+    rc = cli.main(["sim", "--cluster", "1p1d", "--model", "tiny", "--workload", "agentic-tiny", "--quiet",
+                   "--policy", f"{CUSTOM}:{cls}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and err.startswith("dualjax sim: error: policy ") and fault in err
