@@ -111,10 +111,12 @@ REQUEST_COLUMNS: dict[str, tuple[str, str, str]] = {
     "scheduled": ("float", "s", "the scheduler placed it on engines"),
     "prefill_start": ("float", "s", "its (first) prefill pass started"),
     "prefill_end": ("float", "s", "its last prefill pass ended"),
-    "first_token": ("float", "s", "the first generated token was out"),
+    "first_token": ("float", "s", "the first generated token was out: the end of the PE's last prefill pass, "
+                    "which samples it (= prefill_end)"),
     "done": ("float", "s", "the last generated token was out"),
     "ttft": ("float", "s", "time to first token: first_token - arrival"),
-    "ttst": ("float", "s", "time to second token: second token - first token; null when gen_len is 1"),
+    "ttst": ("float", "s", "time to second token: second token (the DE's first step after the prompt's KV is in "
+             "its device memory) - first token; null when gen_len is 1"),
     "tpot": ("float", "s", "time per output token after the first; null when gen_len is 1"),
     "stored": ("float", "s", "real runs: its KV was written back to the store; null when simulated"),
     "load_wait": ("float", "s", "simulated, Basic: from the row's admission by its PE until its KV load started "

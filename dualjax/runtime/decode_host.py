@@ -108,7 +108,9 @@ class DecodeHost(Host):
         elif isinstance(msg, PrefillDone):
             live = self.live[msg.request_id]
             live.prefill = msg
-            live.times.update(msg.times, first_token=time.time())
+            # the first token is the PE's: its last prefill pass sampled it (docs/paper.md §10); the second
+            # comes with this host's first step after the KV is in a decode slot (`_fill_slots`)
+            live.times.update(msg.times, first_token=msg.times["prefill_end"])
             with self.lock:
                 self.ready_q.append(live)
             self.wake.set()

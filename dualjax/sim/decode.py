@@ -39,10 +39,11 @@ class DecodeEngine:
 
 
 class DecodeSide:
-    """Mixin of `Simulation`: from the prompt's KV reaching the DE to the last token."""
+    """Mixin of `Simulation`: from the prompt's KV reaching the DE to the last token (the first token is the
+    PE's: its last prefill pass samples it, `PrefillSide._end_member_pass`)."""
 
     def _join(self, de: DecodeEngine, rid: int) -> None:
-        """The prompt KV is in the DE buffer: move it into HBM (loopback), then the first token is out."""
+        """The prompt KV is in the DE buffer: move it into HBM (loopback), then it may decode."""
         now = self.now
         nbytes = self.cols.prompt_tokens[rid] * self.kvb
         done = de.node.dram.reserve(now, nbytes)
@@ -51,13 +52,14 @@ class DecodeSide:
             if not self.kv_priority:
                 self._kv_queued(de)
         if done > now:
-            self.at(done, self._first_token, de, rid)
+            self.at(done, self._in_hbm, de, rid)
         else:
-            self._first_token(de, rid)
+            self._in_hbm(de, rid)
 
-    def _first_token(self, de: DecodeEngine, rid: int) -> None:
+    def _in_hbm(self, de: DecodeEngine, rid: int) -> None:
+        """The prompt KV is in the DE's HBM (the first token came with the prefill's end): the DE buffer is
+        free, and the request joins the batch; its second token comes with the DE's next step (`_admit`)."""
         c = self.cols
-        c.first_token[rid] = self.now
         de.node.buffer.release(c.prompt_tokens[rid] * self.kvb)
         if c.gen_len[rid] <= 1:
             self._complete(de, rid)

@@ -326,7 +326,7 @@ class PrefillSide:
                 continue
             rid = w.rid
             pe.rows.remove(w)
-            c.prefill_end[rid] = self.now
+            c.prefill_end[rid] = c.first_token[rid] = self.now  # the pass's last layer samples the first token
             self.scheduler.update(pe.rank, -1, -w.pe_load)
             self.dirty = True
             arrive = streamed[rid] if rid in streamed else self._output(w, pe, self.now)

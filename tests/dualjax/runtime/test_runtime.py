@@ -56,6 +56,19 @@ def test_tokens_match_reference(tmp_path, reference, policy, layerwise, cluster)
         assert report["relay_bytes"] == 0
 
 
+def test_the_first_token_is_the_pe_s_and_ttst_runs_from_it(tmp_path, reference):
+    """docs/paper.md §10: the first token comes out of the PE's last prefill pass, the second out of the DE's
+    first step after the prompt's KV is in a decode slot, so TTST (second - first) holds the P->D hand-off;
+    the tokens are the reference's."""
+    report, tokens = _run(tmp_path, "tokens", policy="dualpath")
+    assert tokens == reference
+    cols = load_run(str(tmp_path / "tokens")).requests
+    assert np.array_equal(cols["first_token"], cols["prefill_end"])
+    two = cols["gen_len"] > 1
+    assert two.any() and (cols["ttst"][two] > 0).all()
+    assert (cols["first_token"] + cols["ttst"] <= cols["done"])[two].all()
+
+
 def test_chunked_prefill(tmp_path, reference):
     """Prefill cut into chunks gives the reference tokens; each chunk's pass is counted by shape."""
     report, tokens = _run(tmp_path, "chunked", policy="de-only", prefill_chunk=48)  # 150-token first turns: 4 chunks
