@@ -30,7 +30,7 @@ _LAZY = {  # public name -> the module that defines it (loaded on first use: the
     "param_bytes": "params", "param_shardings": "params", "shard_params": "params",
     "make_mesh": "sharding",
     "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "restore_checkpoint": "checkpoint",
-    "read_config": "checkpoint", "load_hf": "hf",
+    "read_config": "checkpoint", "load_hf": "hf", "save_hf": "hf",
     "ModelSource": "source", "resolve_model": "source",
 }
 

@@ -40,10 +40,12 @@ class Family:
     # cfg -> {"prefill": ..., "decode": ...}: the attention implementations that run on this backend
     attention: Callable
     # Hugging Face: the config.json `model_type` or `architectures` values this family reads;
-    # (config.json dict, name) -> config (no tensors); (directory, config.json dict, dtype or None) -> (config, params)
+    # (config.json dict, name) -> config (no tensors); (directory, config.json dict, dtype or None) -> (config, params);
+    # (params, cfg) -> (config.json dict, {name: float32 array}) in the family's published layout, what load_hf reads
     hf_names: tuple[str, ...]
     hf_config: Callable
     load_hf: Callable
+    export_hf: Callable
 
     def __repr__(self) -> str:
         return f"Family({self.name!r})"

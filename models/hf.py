@@ -1,7 +1,8 @@
 """Hugging Face import for every family: a local directory of `config.json` plus one or several
 `*.safetensors` files (never the network). The family whose `hf_names` hold the config's `model_type`
 or first architecture maps it (`Family.hf_config`, `Family.load_hf`); the pieces here read the files
-and name what is wrong: a missing config, a missing, misshaped or unexpected tensor.
+and name what is wrong: a missing config, a missing, misshaped or unexpected tensor. `save_hf` writes
+the other way (`Family.export_hf`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 
 import numpy as np
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from models.checkpoint import CheckpointError
 from models.presets import families as registered_families
@@ -55,6 +57,16 @@ def load_hf(path: str, dtype: str | None = None):
     tensor that is unsupported, missing, unexpected or misshaped."""
     hf = read_hf_config(path)
     return family_for(hf).load_hf(path, hf, dtype)
+
+
+def save_hf(path: str, params, cfg) -> None:
+    """Write params as a Hugging Face directory `path` (created; must not exist): `config.json` and one
+    `model.safetensors` (float32) in the family's published layout, which `load_hf` reads back."""
+    config, tensors = cfg.family.export_hf(params, cfg)
+    os.makedirs(path)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
 
 
 def open_tensors(path: str) -> dict:

@@ -7,4 +7,5 @@ FAMILY = Family(
     name="deepseek", tiny_preset="deepseek-tiny", declare=model.declare,
     forward_layer=model.forward_layer, decode_layer=model.decode_layer,
     cache_layout=model.cache_layout, kv_axes=model.KV_AXES, reference_logits=reference.reference_logits,
-    attention=model.attention, hf_names=hf.MODEL_TYPES, hf_config=hf.hf_config, load_hf=hf.load_hf)
+    attention=model.attention, hf_names=hf.MODEL_TYPES, hf_config=hf.hf_config, load_hf=hf.load_hf,
+    export_hf=hf.export_hf)

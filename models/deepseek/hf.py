@@ -274,3 +274,8 @@ def hf_config_dict(cfg: DeepSeekConfig, rope_parameters: bool = False) -> dict:
     if rope_parameters:
         return hf | {"rope_parameters": {**rope, "rope_theta": cfg.rope_theta}}
     return hf | {"rope_theta": cfg.rope_theta, "rope_scaling": None if rope["rope_type"] == "default" else rope}
+
+
+def export_hf(params: Params, cfg: DeepSeekConfig) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json dict, HF tensors in float32) of params: what `load_hf` reads back as (cfg, params)."""
+    return hf_config_dict(cfg), to_hf(params, cfg)

@@ -1,12 +1,14 @@
 """Hugging Face import of the dense family: Llama and Qwen2 checkpoints (`LlamaForCausalLM`,
 `Qwen2ForCausalLM`), one safetensors file or several, RoPE settings in either `config.json` layout.
-A config field whose other values the family does not implement is refused, naming it."""
+A config field whose other values the family does not implement is refused, naming it. `export_hf` is
+the inverse (Qwen2 when the config has a QKV bias, else Llama)."""
 
 from __future__ import annotations
 
 import os
 
 import jax
+import numpy as np
 
 from models.config import DTYPES
 from models.dense.config import ModelConfig, RopeScaling
@@ -135,3 +137,27 @@ def load_hf(path: str, hf: dict, dtype: str | None = None) -> tuple[ModelConfig,
         node[dest[-1]] = value
     check_params(params, cfg)
     return cfg, params
+
+
+def export_hf(params: Params, cfg: ModelConfig) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json dict, HF tensors in float32) of params: what `load_hf` reads back as (cfg, params)."""
+    arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+    rope = cfg.rope_scaling and {"rope_type": "llama3", "factor": cfg.rope_scaling.factor,
+                                 "low_freq_factor": cfg.rope_scaling.low_freq_factor,
+                                 "high_freq_factor": cfg.rope_scaling.high_freq_factor,
+                                 "original_max_position_embeddings": cfg.rope_scaling.original_max_position}
+    hf = {"architectures": [arch], "model_type": {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[arch],
+          "vocab_size": cfg.vocab, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+          "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+          "intermediate_size": cfg.ffw, "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta,
+          "rope_scaling": rope or None, "rms_norm_eps": cfg.norm_eps, "attention_bias": cfg.qkv_bias,
+          "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu", "torch_dtype": cfg.dtype}
+    tensors = {}
+    for name, dest, shape, _ in _hf_layout(cfg):
+        w = params
+        for key in dest:
+            w = w[key]
+        w = np.asarray(w, np.float32)  # HF linear weights are [out, in]; ours [in, ...out]; the embedding as is
+        w = w.reshape(shape) if len(shape) == 1 or dest == ("embed",) else w.reshape(shape[::-1]).T
+        tensors[name] = np.ascontiguousarray(w)
+    return hf, tensors

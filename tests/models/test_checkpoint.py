@@ -11,6 +11,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import models
+from models.dense.hf import export_hf
+from models.hf import hf_config
 
 
 def _hf_tensors(cfg, params):
@@ -152,6 +154,21 @@ def test_an_unreadable_array_file_is_named_when_restored(tiny, saved, tmp_path, 
     message = str(e.value)
     assert message.startswith(f"damaged checkpoint {ckpt}: its params cannot be read: ") and "\n" not in message
     assert "Error reading" in message and str(ckpt / "params") in message
+
+
+@pytest.mark.parametrize("bias,tied,rope", [(False, False, None), (True, True, models.RopeScaling(8.0, 1.0, 4.0, 64))])
+def test_dense_export_writes_what_the_tests_own_writer_does(tmp_path, bias, tied, rope):
+    """`models.dense.hf.export_hf` gives the tensors of this file's own Hugging Face writer, bit for bit, and a
+    config.json that maps back to the config."""
+    cfg = models.get_config("tiny", qkv_bias=bias, tie_embeddings=tied, rope_theta=5e5, rope_scaling=rope)
+    params = models.init_params(cfg, seed=4)
+    hf, tensors = export_hf(params, cfg)
+    want = _hf_tensors(cfg, params)
+    assert sorted(tensors) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(tensors[name], want[name])
+    assert hf["architectures"] == ["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"]
+    assert hf_config(hf, cfg.name) == cfg
 
 
 @pytest.mark.parametrize("arch,bias,tied", [("LlamaForCausalLM", False, False), ("Qwen2ForCausalLM", True, True)])

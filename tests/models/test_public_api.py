@@ -11,12 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 import models
-from models.deepseek.hf import hf_config_dict, to_hf
 from models.layers import embed, head
-from tests.models.test_checkpoint import _write_hf
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 T = 40  # > deepseek-tiny's index_topk (24): its sparse selection is in play
@@ -100,19 +97,6 @@ def test_sharded_params_give_the_single_device_logits(model):
     np.testing.assert_allclose(np.asarray(models.prefill(sharded, cfg, tokens)[0]), ref, **TOL)
 
 
-def _write_dense_hf(path, cfg, params):
-    _write_hf(path, cfg, params, "LlamaForCausalLM", shards=1)
-
-
-def _write_deepseek_hf(path, cfg, params):
-    save_file(to_hf(params, cfg), str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(hf_config_dict(cfg)))
-
-
-# family -> a writer of a Hugging Face directory in the family's published layout (the inverse of its load_hf)
-HF_WRITERS = {"dense": _write_dense_hf, "deepseek": _write_deepseek_hf}
-
-
 def test_checkpoints_round_trip(model, tmp_path):
     cfg, params, _, _ = model
     models.save_checkpoint(str(tmp_path / "orbax"), params, cfg)
@@ -129,8 +113,7 @@ def test_checkpoints_round_trip(model, tmp_path):
 
 def test_hugging_face_directories_round_trip(model, tmp_path):
     cfg, params, _, _ = model
-    (tmp_path / "hf").mkdir()
-    HF_WRITERS[cfg.family.name](tmp_path / "hf", cfg, params)
+    models.save_hf(str(tmp_path / "hf"), params, cfg)  # the family's published layout (`Family.export_hf`)
     hf_cfg, hf_params = models.load_hf(str(tmp_path / "hf"))
     source = models.resolve_model(str(tmp_path / "hf"))
     assert hf_cfg == source.config == cfg and source.kind == "hf"
