@@ -321,3 +321,23 @@ def hit_summary(prompts: list[np.ndarray], hits: list[np.ndarray], block_tokens:
     at_block = np.minimum(h, p - 1) // block_tokens * block_tokens
     return {"trace_hit_rate": float(h.sum() / p.sum()), "trace_hit_rate_at_block": float(at_block.sum() / p.sum()),
             "trace_hit_gap": HIT_GAP}
+
+
+def turn_shape(loaded: tuple[Session, ...]) -> dict:
+    """How a session's turn length falls with its turn count: per session with at least two requests, N
+    requests and its context growth per turn g = (last prompt - first prompt) / (N - 1) (the A + G of
+    the paper's replay rule, net of compactions); the least-squares power law log g = a + b log N, the
+    residual log spread, the Pearson correlation of log N and log g, and the spread of log N."""
+    n, growth = [], []
+    for s in loaded:
+        if len(s.inputs) >= 2:
+            n.append(len(s.inputs))
+            growth.append(max(1, int(s.inputs[-1]) - int(s.inputs[0])) / (len(s.inputs) - 1))
+    if len(n) < 3:
+        raise SessionError(f"a shape needs at least 3 sessions of 2 or more requests, got {len(n)}")
+    x, y = np.log(n), np.log(growth)
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (intercept + slope * x)
+    return {"sessions": len(n), "power": float(-slope), "intercept": float(intercept),
+            "spread": float(residual.std(ddof=2)), "pearson": float(np.corrcoef(x, y)[0, 1]),
+            "turns_mean": float(np.mean(n)), "turns_log_spread": float(x.std(ddof=1))}

@@ -11,8 +11,17 @@ import pytest
 
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
-from dualjax.core.sessions import SessionSpec, load_sessions, session_hits, session_prompts, session_table
-from dualjax.core.workload import WorkloadError, load_workload
+from dualjax.core.sessions import (
+    Session,
+    SessionError,
+    SessionSpec,
+    load_sessions,
+    session_hits,
+    session_prompts,
+    session_table,
+    turn_shape,
+)
+from dualjax.core.workload import TRACE_SHAPE, WorkloadError, load_workload
 from dualjax.runtime.launch import run_embedded
 from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
@@ -41,6 +50,27 @@ def test_the_30_public_sessions_give_their_published_statistics():
     pauses = np.concatenate([s.pauses[1:] for s in sessions])  # tool/user time: p50 12 s, up to 11 h
     assert np.median(prompt) == 109_090 and np.median(pauses) == 12 and pauses.min() >= 0
     assert session_table(_spec(TRACES)).trace_hit_rate == pytest.approx(hit.sum() / prompt.sum())
+
+
+@pytest.mark.skipif(not os.path.isdir(TRACES), reason="the public agentic-coding traces are not on this machine")
+def test_the_joint_presets_take_the_public_sessions_shape():
+    """`TRACE_SHAPE` (the paper-*-N presets' turn_power and agent_spread) is what the 30 sessions give."""
+    shape = turn_shape(load_sessions(TRACES))
+    assert shape["sessions"] == 30 and (round(shape["power"], 3), round(shape["spread"], 3)) == TRACE_SHAPE
+    assert shape["pearson"] < -0.7  # long sessions have short turns
+
+
+def test_turn_shape_recovers_a_power_law_by_hand():
+    # growth per turn 6,400 / sqrt(N): 3,200 at N = 4, 1,600 at 16, 800 at 64 (power 0.5, no residual)
+    def session(n, growth):
+        inputs = 1000 + growth * np.arange(n)
+        return Session(f"s{n}", 64, inputs, np.ones(n, np.int64), (np.zeros(0, np.int64),) * n, np.zeros(n),
+                       np.zeros(n))
+    shape = turn_shape((session(4, 3200), session(16, 1600), session(64, 800), session(1, 5)))
+    assert shape["sessions"] == 3 and shape["power"] == pytest.approx(0.5) and shape["pearson"] == pytest.approx(-1)
+    assert shape["spread"] == pytest.approx(0, abs=1e-9) and shape["turns_mean"] == 28
+    with pytest.raises(SessionError, match="at least 3 sessions"):
+        turn_shape((session(4, 3200), session(16, 1600)))
 
 
 def _spec(path, limit=None, scale=1.0):

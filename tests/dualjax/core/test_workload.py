@@ -8,7 +8,8 @@ import pytest
 
 from dualjax.core.sessions import no_odd_records
 from dualjax.core.workload import (
-    PAPER_TABLE,
+    HIT_FIT,
+    PAPER_PRESETS,
     WorkloadError,
     agents_for,
     get_workload,
@@ -34,27 +35,93 @@ def test_presets_are_deterministic_and_unshared():
         get_workload("nope")
 
 
-@pytest.mark.parametrize("name", sorted(PAPER_TABLE))
+# PAPER.md §6 Table 2, typed from the paper: (turns, append, gen, total, mean context, MaxLen) per dataset
+TABLE_2 = {"32K": (60, 608, 148, 28_639, 17_183, 32_768), "48K": (106, 474, 172, 42_607, 25_120, 49_152),
+           "64K": (157, 429, 176, 55_958, 32_721, 65_536)}
+
+
+def _paper(reading):
+    return sorted(name for name, (_, r) in PAPER_PRESETS.items() if r == reading)
+
+
+@pytest.mark.parametrize("name", _paper("request"))
 def test_paper_presets_reproduce_table_2_and_respect_maxlen(name):
-    # docs/paper.md §9 Table 2: append, gen, total and the request-weighted mean context within 5%, and
+    # Table 2 read per request: append, gen, total and the request-weighted mean context within 5%, and
     # no trajectory longer than MaxLen (the reference: the table's numbers and its MaxLen).
     spec = get_workload(name, agents=512)
     lengths = [turn_lengths(spec, a) for a in range(spec.agents)]
     s = length_stats(lengths)
-    for key, target in zip(("append_mean", "gen_mean", "total_mean", "context_mean"), PAPER_TABLE[name]):
+    *table, max_len = TABLE_2[PAPER_PRESETS[name][0]]
+    for key, target in zip(("append_mean", "gen_mean", "total_mean", "context_mean"), table[1:]):
         assert abs(s[key] / target - 1) < 0.05, (key, s[key], target)
-    assert s["max_total"] <= spec.max_len and s["turns_mean"] < spec.turns  # truncation cuts the table's turns
+    assert s["max_total"] <= spec.max_len == max_len and s["turns_mean"] < table[0]  # truncation cuts the turns
     assert all(int(a.sum() + g.sum()) <= spec.max_len for a, g in lengths)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", _paper("agent"))
+def test_joint_presets_keep_every_table_2_column_per_trajectory(name, seed):
+    """Table 2 read per trajectory (every column a mean over trajectories): the table's turn count and
+    all other columns within 2 % (of the figures typed above), no trajectory past MaxLen; long
+    trajectories have short turns (E[turns x turn length] < E[turns] x E[turn length])."""
+    spec = get_workload(name, agents=512)
+    lengths = [turn_lengths(spec, a, seed) for a in range(spec.agents)]
+    s = length_stats(lengths)
+    *table, max_len = TABLE_2[PAPER_PRESETS[name][0]]
+    got = (s["turns_mean"], s["append_agent_mean"], s["gen_agent_mean"], s["total_mean"], s["context_agent_mean"])
+    for key, value, target in zip(("turns", "append", "gen", "total", "context"), got, table):
+        assert abs(value / target - 1) < 0.02, (key, value, target)
+    assert spec.max_len == max_len and all(int(a.sum() + g.sum()) <= max_len for a, g in lengths)
+    n = np.array([len(a) for a, _ in lengths])
+    per_turn = np.array([(a.sum() + g.sum()) / len(a) for a, g in lengths])
+    assert np.mean(n * per_turn) < 0.7 * n.mean() * per_turn.mean()  # Table 2: 55,958 / (157 x 605) = 0.59
+    assert np.polyfit(np.log(n), np.log(per_turn), 1)[0] < 0  # longer trajectories, shorter turns
+
+
+def test_joint_presets_are_reproducible_by_seed():
+    spec = get_workload("paper-64k-157", agents=32)
+    a = [turn_lengths(spec, k, seed=3) for k in range(32)]
+    b = [turn_lengths(spec, k, seed=3) for k in range(32)]
+    c = [turn_lengths(spec, k, seed=4) for k in range(32)]
+    assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+    assert any(len(x[0]) != len(y[0]) or not np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+    # an agent's lengths depend on (seed, agent) alone, not on how many agents the run has
+    assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, [turn_lengths(get_workload("paper-64k-157", agents=4),
+                                                                           k, seed=3) for k in range(4)]))
+
+
+@pytest.mark.parametrize("name,target", [(n, t) for n, t, _ in HIT_FIT])
+def test_hit_presets_have_the_hit_rate_they_are_named_for(name, target):
+    # hit-65 at 65 %, ...: within 2 points, on agents and a seed the fit did not see
+    assert name == f"hit-{round(target * 100)}"
+    for seed in (1, 2):
+        spec = get_workload(name, agents=512)
+        s = length_stats([turn_lengths(spec, a, seed) for a in range(spec.agents)])
+        assert abs(s["hit_rate"] - target) < 0.02, (seed, s["hit_rate"])
+        assert s["max_total"] <= spec.max_len
+
+
+def test_the_stats_hit_rate_is_the_simulators():
+    """`dualjax workload stats`'s hit rate (the one hit-65/85/95 are named for) is what a simulation of the
+    same workload reports."""
+    from dualjax.core.config import SimConfig
+    from dualjax.sim import simulate
+    spec = get_workload("hit-65", agents=12)
+    expected = length_stats([turn_lengths(spec, a) for a in range(12)])["hit_rate"]
+    assert simulate(SimConfig(workload="hit-65", agents=12), progress=False)["hit_rate"] == pytest.approx(expected)
+
+
 def test_length_stats_by_hand():
-    # one agent: (append, gen) = (10, 2), (3, 1): prompts 10 and 15, total 16
-    s = length_stats([(np.array([10, 3]), np.array([2, 1])), (np.array([4]), np.array([4]))])
+    # agent 0: (append, gen) = (10, 2), (3, 1): prompts 10 and 15 (context before: 12), total 16;
+    # agent 1: (4, 4): prompt 4. With 4-token blocks turn 1 hits (12 - 1) // 4 * 4 = 8 tokens.
+    s = length_stats([(np.array([10, 3]), np.array([2, 1])), (np.array([4]), np.array([4]))], block_tokens=4)
     assert s == {"agents": 2, "requests": 3, "turns_mean": 1.5, "append_mean": 17 / 3, "gen_mean": 7 / 3,
-                 "total_mean": 12.0, "context_mean": (10 + 15 + 4) / 3, "max_total": 16}
+                 "total_mean": 12.0, "context_mean": (10 + 15 + 4) / 3, "max_total": 16,
+                 "append_agent_mean": (6.5 + 4) / 2, "gen_agent_mean": (1.5 + 4) / 2,
+                 "context_agent_mean": (12.5 + 4) / 2, "hit_rate": 8 / 29}
 
 
-def test_workload_stats_cli(tmp_path):
+def test_workload_stats_cli(tmp_path, capsys):
     from dualjax.cli.main import main
     js = tmp_path / "w.json"
     assert main(["workload", "stats", "paper-32k", "--agents", "64", "--json", str(js)]) == 0
@@ -62,6 +129,18 @@ def test_workload_stats_cli(tmp_path):
     for key in ("agents", "turns_mean", "append_mean", "gen_mean", "total_mean", "context_mean", "max_total"):
         assert r[key] > 0, key
     assert r["agents"] == 64 and r["max_total"] <= 32_768
+    capsys.readouterr()
+    # both readings of both presets against Table 2, one object per workload
+    assert main(["workload", "stats", "paper-64k", "paper-64k-157", "agentic-tiny", "--agents", "64",
+                 "--json", str(js)]) == 0
+    old, joint, tiny = json.loads(js.read_text())
+    assert "table_2" not in tiny and capsys.readouterr().out.count("vs per trajectory") == 2
+    for r, fitted in ((old, "request"), (joint, "agent")):
+        t = r["table_2"]
+        assert t["dataset"] == "64K" and t["fitted_reading"] == fitted and t["paper"]["turns_mean"] == 157
+        assert t["agent"]["stats"]["append_mean"] == r["append_agent_mean"]
+        assert t["request"]["error"]["append_mean"] == pytest.approx(r["append_mean"] / 429 - 1)
+    assert joint["table_2"]["agent"]["error"]["turns_mean"] > old["table_2"]["agent"]["error"]["turns_mean"] + 0.3
 
 
 def test_online_arrivals_are_poisson_at_the_given_rate():
