@@ -151,3 +151,34 @@ def plot_layerwise(path: str, result: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_sweep(path: str, groups: list[dict]) -> None:
+    """A sweep's regimes (`dualjax.sim.sweep.regimes_table`): per regime, each policy's mean JCT relative to
+    the best policy's (1.0: the best, named above its group), and the best policy's JCT."""
+    plt = _pyplot()
+    policies = sorted({p for g in groups for p in g["relative"]})
+    names = [g["group"].replace(" / ", "\n") for g in groups]
+    fig, (a, b) = plt.subplots(2, 1, figsize=(max(8.0, 0.35 * len(groups) * (len(policies) + 1) + 2), 8),
+                               gridspec_kw={"height_ratios": [3, 2]})
+    width = 0.8 / max(1, len(policies))
+    x = np.arange(len(groups))
+    for k, p in enumerate(policies):
+        a.bar(x + (k - (len(policies) - 1) / 2) * width, [g["relative"].get(p, np.nan) for g in groups], width,
+              label=p)
+    top = max((v for g in groups for v in g["relative"].values()), default=1.0)
+    for i, g in enumerate(groups):
+        a.annotate("best:\n" + "\n".join(g["tied"]), (i, top * 1.02), ha="center", va="bottom", fontsize=7)
+    a.axhline(1.0, color="gray", lw=0.8)
+    a.set_xticks(x, names, fontsize=7)
+    a.set(ylabel="JCT / the best policy's JCT", ylim=(0, top * 1.3),
+          title="each policy's JCT relative to the best, per regime (mean over seeds)")
+    a.legend(fontsize=7, ncol=min(4, len(policies)), loc="lower right")
+    b.bar(x, [g["jct_s"][g["best"]] for g in groups], color="tab:green")
+    for i, g in enumerate(groups):
+        b.annotate(g["best"], (i, g["jct_s"][g["best"]]), ha="center", va="bottom", fontsize=7)
+    b.set_xticks(x, names, fontsize=7)
+    b.set(ylabel="JCT (s)", title="the best policy's JCT, per regime")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,5 +1,5 @@
-"""The simulator's commands: `dualjax sim`, `dualjax sim ablation`, `dualjax sim validate`, `dualjax calibrate`,
-`dualjax plan --sweep`."""
+"""The simulator's commands: `dualjax sim`, `dualjax sim ablation`, `dualjax sim validate`, `dualjax sim sweep`,
+`dualjax calibrate`, `dualjax plan --sweep`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def add_parsers(sub, parent: list, argv: list[str]) -> None:
     command line's words from the subcommand on (a lazy subcommand's flags load only when it runs)."""
     from dualjax.cli.parsing import OwnFlagsAfter, add_lazy, json_flag, out_flag, plot_flag
     sim = sub.add_parser("sim", parents=parent, help="simulate a cluster (any size) with the runtime's scheduler "
-                         "and policies; subcommands: ablation, validate, paper, fit",
+                         "and policies; subcommands: ablation, validate, paper, fit, sweep",
                          description="A simulation with the flags below, or a SUBCOMMAND with its own flags after "
                          "it (`dualjax sim SUBCOMMAND --help`); the simulation's flags before a SUBCOMMAND are "
                          "refused.")
@@ -43,6 +43,8 @@ def add_parsers(sub, parent: list, argv: list[str]) -> None:
              "simulator, compared", argv[:2] == ["sim", "validate"])
     add_lazy(subs, "paper", "dualjax.cli.paper", "the paper's evaluation points simulated: JSON, a markdown table "
              "and a figure", argv[:2] == ["sim", "paper"])
+    add_lazy(subs, "sweep", "dualjax.cli.sweep", "a grid of simulations (policies x workloads x clusters x storage "
+             "rates x seeds, or regimes) on every core or MPI rank, resumable", argv[:2] == ["sim", "sweep"])
     add_lazy(subs, "fit", "dualjax.cli.fit", "fit paper-h800's three fitted inputs to the paper's figures and "
              "write the fit file", argv[:2] == ["sim", "fit"])
     cal = sub.add_parser("calibrate", parents=parent, help="measure this machine into the simulator's `local` profile")
