@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import kvstore
+import models
 from dualjax.cli.verify import plans_of, tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.policies import Plan, Policy
@@ -51,7 +52,7 @@ def _run(tmp_path, name, policy, model, **changes):
     return report, tokens_of(cfg.out)
 
 
-@pytest.fixture(scope="module", params=["tiny", "deepseek-tiny"])
+@pytest.fixture(scope="module", params=[f.tiny_preset for f in models.families()])
 def model(request):
     return request.param
 
