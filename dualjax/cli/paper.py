@@ -1,6 +1,7 @@
 """`dualjax sim paper`: the paper's evaluation points simulated, in one JSON, a markdown table and a figure.
 
-    dualjax sim paper --json FILE [--md FILE] [--plot FILE] [--no-large] [--sensitivity] [--max-wall-s S]
+    dualjax sim paper --json FILE [--md FILE] [--plot FILE] [--out DIR] [--jobs N] [--no-large] [--sensitivity]
+                      [--max-wall-s S] [--quiet]
 
 On `paper-h800` as `dualjax sim fit` fitted it (or `--hardware FIT_OR_PROFILE`): the ablation at 2P4D x
 1,024 and 2,048 agents, DualPath / Basic / Oracle at 512, 2,048 and 4,096 agents, storage-NIC balance
@@ -10,8 +11,12 @@ agents (`--no-large` leaves it out). `--sensitivity` adds the headline with each
 and x1.5. Keys: `ablation` {agents: {step: jct_s}}, `offline` {agents: {policy: jct_s}}, `capacity_aps`
 {policy: aps}, `snic_max_over_avg` {policy: x}, `online` {ttft_s, ttst_s, tpot_s}, `large` {jct_s,
 wall_s}, `mechanisms`, `sensitivity`, `fit` (the fitted inputs, their targets and what they reached),
-`paper` (the paper's figures), `details` (every run), `skipped`. Points that would pass `--max-wall-s`
-are skipped and listed. Progress goes to the terminal, one line per run.
+`paper` (the paper's figures), `details` (every run), `skipped`, `out` (the runs' directory). Points
+that would pass `--max-wall-s` are skipped and listed. Progress goes to the terminal, one line per run.
+
+The points run as `dualjax sim sweep` runs its grid (docs/sweep.md): on `--jobs` processes (default: every
+core), the longest first, each run's outputs in `--out DIR/<point-id>/` (default: FILE-runs beside
+--json); run again with the same --out, the command reads back every point it finished before.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import json
 import os
 
 from dualjax.core.config import number
-from dualjax.outputs import output_file, unwritable_file, write_json, writing
+from dualjax.outputs import output_dir, output_file, unwritable_dir, unwritable_file, write_json, writing
 from dualjax.sim.paper import ABLATION_STEPS, OFFLINE, QUICK, Scale, markdown, reproduce
 from dualjax.sim.profiles import PAPER_FIT, get_hardware
 
@@ -39,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall-s", type=number(inf_ok=True), default=float("inf"),
                    help="skip points predicted to end past this wall time (default: none skipped)")
     p.add_argument("--quick", action="store_true", help="every point at a tiny scale (2P2D, a few agents: CI)")
+    p.add_argument("--out", metavar="DIR", type=output_dir, help="each point's run outputs, read back by a later "
+                   "call (default: FILE-runs beside --json)")
+    p.add_argument("--jobs", type=number(kind=int), metavar="N", help="processes (default: every core)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def main(argv=None, args=None) -> dict:
@@ -51,10 +60,16 @@ def main(argv=None, args=None) -> dict:
     for flag, suffix in (("md", ".md"), ("plot", ".png")):  # beside --json unless given: checked before the work
         if not getattr(args, flag) and (why := unwritable_file(base + suffix)):
             p.error(f"--{flag} (default {base + suffix}): {why}")
+    if not args.out and (why := unwritable_dir(base + "-runs")):
+        p.error(f"--out (default {base}-runs): {why}")
+    out = args.out or base + "-runs"
     hw = get_hardware(args.hardware)
     fit_file = _fit_of(args.hardware)
     print(f"sim paper on {hw.name}{' (quick)' if args.quick else ''}: " + hw.notes.split(" Fit: ")[-1])
-    result = reproduce(hw, fit_file, QUICK if args.quick else Scale(), args.large, args.sensitivity, args.max_wall_s)
+    from tqdm import tqdm
+    result = reproduce(hw, fit_file, QUICK if args.quick else Scale(), args.large, args.sensitivity, args.max_wall_s,
+                       log=tqdm.write, out=out, jobs=args.jobs, progress=not args.quiet)
+    result["out"] = out
     result = json.loads(json.dumps(result))  # the keys as the file has them
     result["table"], result["plot"] = args.md or base + ".md", args.plot or base + ".png"
     table = markdown(result)

@@ -13,26 +13,37 @@ Points (`Scale`; the full one: 2P4D, paper-64k, DeepSeek-V3.2 on `paper-h800` as
 * `sensitivity` (optional): the headline, DualPath over Basic at 2,048 agents, with each assumed input
   at x0.5 and x1.5 of its value (the fitted inputs held).
 
-Every point is skipped, and listed under `skipped`, when the wall time spent so far and its own
-predicted wall (its requests at the seconds per request measured so far) would pass `max_wall_s`.
+The points run through the sweep's pool (`dualjax.sim.sweep.run_tasks`): on every core, the longest
+first, each run's outputs under `out/<point-id>/` as `dualjax sim --out` writes them (the online trial's
+and the capacity searches' results as result.json), so that a second call with the same `out` reads back
+what the first finished. With `max_wall_s`, they start in order of importance instead, and a point is
+skipped, and listed under `skipped`, when the wall time spent so far and its own predicted wall (its
+requests at the seconds per request measured so far) would pass `max_wall_s`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
+import tempfile
 import time
 
 from dualjax.core.config import ClusterSpec, SimConfig
-from dualjax.sim.ablation import step_report, summary
-from dualjax.sim.profiles import Hardware, read_fit
-from dualjax.sim.search import find_capacity, steady_state
+from dualjax.sim import ablation
+from dualjax.sim.ablation import summary
+from dualjax.sim.profiles import Hardware, oracle_of, read_fit
+from dualjax.sim.resources import SimError
+from dualjax.sim.search import agent_lifetime, find_capacity, steady_state
+from dualjax.sim.sweep import Call, Point, default_jobs, run_tasks
 
 # The paper's figures a report sets beside its own (docs/paper.md §11, §12; the JCTs: a reading of
 # its ablation figure). `fitted`: the ones `dualjax sim fit` matched; every other is a prediction.
 PAPER = {"ablation_2048": {"layerwise": 8750.0, "dualpath": 5450.0}, "fitted": ["ablation_2048", "fig3"],
          "fig3": {"5": 2.55, "10": 2.95}, "dualpath_over_basic_max": 1.87, "dualpath_within_oracle": 0.10,
          "capacity_ratio": [1.67, 2.25], "slo": {"ttft_s": 4.0, "tpot_s": 0.050}}
-ABLATION_STEPS = ("basic", "layerwise", "dual-path", "dualpath", "oracle")
+ABLATION_STEPS = ablation.PAPER_STEPS  # the paper's five steps, in its order (`dualjax/sim/ablation.py`)
 HORIZON_S = 5600.0  # at most, seconds of arrivals an online trial simulates (`search.steady_state`)
 OFFLINE = ("dualpath", "basic", "oracle")
 
@@ -78,7 +89,8 @@ QUICK = Scale(cluster="2p2d", ablation=(8, 16), offline=(8, 16, 32), headline=16
 
 
 class Paper:
-    """Runs the points in order of importance within the wall bound; each run's summary under `details`."""
+    """The points in order of importance, run through the sweep's pool (`sweep.run_tasks`: every core,
+    resumable under `out`) within the wall bound; each run's summary under `details`, by name."""
 
     def __init__(self, hw: Hardware, scale: Scale = Scale(), max_wall_s: float = float("inf"), log=print,
                  workload: str = "paper-64k", model: str = "deepseek-v3.2"):
@@ -88,6 +100,8 @@ class Paper:
         self.details: dict[str, dict] = {}
         self.skipped: dict[str, str] = {}
         self.requests = self.walls = 0.0  # of the offline runs so far: their seconds per request
+        self.tasks: list = []
+        self.names: dict[str, tuple[str, float]] = {}  # task id: (name, agents it simulates, about)
 
     def fits(self, name: str, requests: float) -> bool:
         """Whether a point of about `requests` requests still fits `max_wall_s` (else it is skipped)."""
@@ -101,98 +115,166 @@ class Paper:
         return False
 
     def requests_per_agent(self) -> float:
-        runs = [d for d in self.details.values() if "agents" in d]
+        runs = [d for d in self.details.values() if "agents" in d and "requests" in d]
         return sum(d["requests"] for d in runs) / sum(d["agents"] for d in runs) if runs else 100.0
 
     def run(self, step: str, agents: int, label: str | None = None, hw: Hardware | None = None,
-            cluster: str | None = None, **changes) -> dict | None:
-        """One offline run (an ablation step, with `changes` to the config), once per label."""
+            cluster: str | None = None, **changes) -> None:
+        """An offline run (an ablation step, with `changes` to the config) to make, once per name."""
         name = label or f"{step}@{agents}"
         if name in self.details:
-            return self.details[name]
-        if not self.fits(name, agents * self.requests_per_agent()):
-            return None
+            return
         cfg = dataclasses.replace(self.base, agents=agents, **changes)
         if cluster:
             cfg = dataclasses.replace(cfg, cluster=ClusterSpec.parse(cluster))
-        t0 = time.time()
-        r = step_report(cfg, step, hw or self.hw)
-        wall = time.time() - t0
+        cfg, hw = step_config(cfg, step, hw or self.hw)
+        point = Point(cfg, label=name, hardware=hw)
+        self.tasks.append(point)
+        self.names[point.id] = (name, agents)
+        self.details[name] = {"step": step, "agents": agents, "cluster": cfg.cluster.name, **changes}  # + its run
+
+    def call(self, name: str, fn, args: tuple, agents: float) -> None:
+        """An online trial or capacity search (`fn(*args)`, simulating about `agents` agents) to make."""
+        task = Call(name, fn, args, weight=agents)
+        self.tasks.append(task)
+        self.names[task.id] = (name, agents)
+
+    def execute(self, out: str, jobs: int | None = None, progress: bool = False) -> None:
+        """Run every task (resumable under `out`); the longest first unless a wall bound asks for the order
+        of importance."""
+        tasks = self.tasks if math.isfinite(self.max_wall_s) else sorted(self.tasks, key=lambda t: -t.cost())
+
+        def admit(task) -> str | None:
+            name, agents = self.names[task.id]
+            return None if self.fits(name, agents * self.requests_per_agent()) else self.skipped[name]
+
+        self.log(f"{len(tasks)} points on {jobs or default_jobs()} process(es), outputs under {out}")
+        outcome = run_tasks(tasks, out, jobs, progress, admit=admit, on_done=lambda *a: self._done(out, *a),
+                            desc="sim paper")
+        for task in self.tasks:  # a skipped or failed run has no figures
+            name = self.names[task.id][0]
+            if isinstance(task, Point) and "jct_s" not in self.details.get(name, {}):
+                self.details.pop(name, None)
+        if outcome.failed:
+            raise SimError(f"{len(outcome.failed)} point(s) failed; tracebacks: " + ", ".join(outcome.failed.values()))
+        order = [self.names[t.id][0] for t in self.tasks]
+        self.details = {n: self.details[n] for n in order if n in self.details}
+
+    def _done(self, out: str, task, result, wall, resumed: bool) -> None:
+        name = self.names[task.id][0]
+        if isinstance(task, Call):
+            self.details[name] = result
+            self.log(f"  {name:34s} {_call_line(result)}" + ("  (read back)" if resumed else ""))
+            return
+        with open(os.path.join(out, task.id, "report.json")) as f:
+            r = json.load(f)
+        wall = result["wall_s"]
         self.requests += r["requests"]
         self.walls += wall
-        self.details[name] = {"step": step, "agents": agents, "cluster": cfg.cluster.name, **changes, **summary(r),
-                              "run_wall_s": wall}
+        self.details[name] |= {**summary(r), "run_wall_s": wall}
         u = r["sim"]
         self.log(f"  {name:34s} JCT {r['jct_s']:9.1f} s  rows/pass {u['prefill']['rows_per_pass'] or 0:5.2f}  "
                  f"PE SNIC busy {u['pe_snic_busy_mean']:4.0%}  TPOT p50 {(r['tpot_s']['p50'] or 0) * 1e3:5.1f} ms  "
-                 f"({u['events'] / r['requests']:.2f} events/request, {wall:.0f} s)")
-        return self.details[name]
+                 f"({u['events'] / r['requests']:.2f} events/request, {wall:.0f} s)" + ("  (read back)" if resumed
+                                                                                         else ""))
 
-    def jct(self, step: str, agents: int, **kw) -> float | None:
-        d = self.run(step, agents, **kw)
-        return None if d is None else d["jct_s"]
+    def jct(self, name: str) -> float | None:
+        return self.details.get(name, {}).get("jct_s")
 
     def online(self) -> dict | None:
-        s = self.scale
-        if not self.fits("online", s.online_aps * HORIZON_S * self.requests_per_agent()):
+        t = self.details.get("online")
+        if t is None:
             return None
-        self.log(f"online: DualPath at {s.online_aps:g} APS")
-        t = steady_state(self.base, s.online_aps, self._lifetime("dualpath"), "dualpath", self.hw)
-        self.details["online"] = t
         mean = (lambda k: t[k] and t[k]["mean"])  # noqa: E731
-        return {"aps": s.online_aps, "window_s": t["window_s"], "stationary": t["stationary"],
+        return {"aps": self.scale.online_aps, "window_s": t["window_s"], "stationary": t["stationary"],
                 "ttft_s": mean("ttft_s"), "ttst_s": mean("ttst_s"), "tpot_s": mean("tpot_s"),
                 "slo_attained": t["attained"]}
 
-    def _lifetime(self, policy: str) -> float:
-        from dualjax.sim.search import agent_lifetime
-        return agent_lifetime(self.base, policy, self.hw)
-
     def capacity(self, policy: str) -> float | None:
-        s = self.scale
-        name = f"capacity {policy}"
-        if not self.fits(name, 10 * s.capacity_start_aps * HORIZON_S * self.requests_per_agent()):
-            return None
-        self.log(f"capacity: {policy}")
-        c = find_capacity(self.base, start_aps=s.capacity_start_aps, steps=s.capacity_steps, policy=policy,
-                          hardware=self.hw, log=self.log)
-        self.details[name] = c
-        return c["capacity_aps"]
+        c = self.details.get(f"capacity {policy}")
+        return None if c is None else c["capacity_aps"]
+
+
+def step_config(cfg: SimConfig, step: str, hw: Hardware) -> tuple[SimConfig, Hardware]:
+    """The config and hardware of an ablation step on `cfg` (as `ablation.step_report` runs it)."""
+    if hasattr(ablation, "step_config"):
+        return ablation.step_config(cfg, step, hw)
+    changes = dict(ablation.STEPS)[step]
+    return dataclasses.replace(cfg, layerwise=None, **changes), oracle_of(hw) if step == "oracle" else hw
+
+
+def online_trial(cfg: SimConfig, aps: float, hw: Hardware) -> dict:
+    """DualPath at `aps` over the paper's steady-state window (`search.steady_state`; in a worker)."""
+    return steady_state(cfg, aps, agent_lifetime(cfg, "dualpath", hw), "dualpath", hw)
+
+
+def capacity_search(cfg: SimConfig, start_aps: float, steps: int, policy: str, hw: Hardware) -> dict:
+    """`search.find_capacity` of `policy` (in a worker: its trials are not printed, its result lists them)."""
+    return find_capacity(cfg, start_aps=start_aps, steps=steps, policy=policy, hardware=hw, log=lambda *a: None)
+
+
+def _call_line(r: dict) -> str:
+    if "capacity_aps" in r:
+        return f"capacity {r['capacity_aps']:.3f} APS ({len(r.get('trials', []))} trials)"
+    return f"TTFT mean {_f(r['ttft_s'] and r['ttft_s']['mean'], '.2f')} s at {r['aps']:g} APS"
 
 
 def reproduce(hw: Hardware, fit_file: str | None, scale: Scale = Scale(), large: bool = True,
-              sensitivity: bool = False, max_wall_s: float = float("inf"), log=print) -> dict:
-    """The report's dictionary (`sim paper`'s JSON) less its table and figure paths."""
+              sensitivity: bool = False, max_wall_s: float = float("inf"), log=print, out: str | None = None,
+              jobs: int | None = None, progress: bool = False) -> dict:
+    """The report's dictionary (`sim paper`'s JSON) less its table and figure paths. Every point runs through
+    the sweep's pool on `jobs` processes (default: every core), its outputs under `out` (default: a
+    temporary directory, removed after), where a later call with the same `out` reads it back."""
     p = Paper(hw, scale, max_wall_s, log)
     s, head = scale, scale.headline
-    log(f"ablation: {s.cluster} x {', '.join(map(str, s.ablation))} agents")
-    ablation = {}
     for agents in sorted(s.ablation, key=lambda a: a != head):  # the fit points first
-        ablation[agents] = {st: p.jct(st, agents) for st in ABLATION_STEPS}
-    log("offline: " + ", ".join(OFFLINE))
-    offline = {a: {pol: p.jct(pol, a) for pol in OFFLINE} for a in s.offline}
-    snic = {pol: (p.run(pol, head) or {}).get("snic_max_over_avg") for pol in ("round-robin", "dualpath")}
-    online = p.online()
-    log("mechanisms, each both ways")
-    mechanisms = {"basic (default: 0 batches ahead, hbm)": p.run("basic", head),
-                  "layerwise (default: 2 layers held)": p.run("layerwise", head)}
-    mechanisms |= {label: p.run(step, head, label=label, **changes) for label, (step, changes) in MECHANISMS.items()}
-    capacity = {pol: p.capacity(pol) for pol in ("basic", "dualpath")}
-    out = {"ablation": ablation, "offline": offline, "capacity_aps": capacity, "snic_max_over_avg": snic,
-           "online": online, "large": None,
-           "mechanisms": {k: _mechanism(d) for k, d in mechanisms.items()},
-           "fit": read_fit(fit_file) if fit_file else None, "paper": PAPER}
+        for st in ABLATION_STEPS:
+            p.run(st, agents)
+    for a in s.offline:
+        for pol in OFFLINE:
+            p.run(pol, a)
+    for pol in ("round-robin", "dualpath"):
+        p.run(pol, head)
+    p.call("online", online_trial, (p.base, s.online_aps, hw), s.online_aps * HORIZON_S)
+    p.run("basic", head)
+    p.run("layerwise", head)
+    for label, (step, changes) in MECHANISMS.items():
+        p.run(step, head, label=label, **changes)
+    for pol in ("basic", "dualpath"):
+        p.call(f"capacity {pol}", capacity_search, (p.base, s.capacity_start_aps, s.capacity_steps, pol, hw),
+               10 * s.capacity_start_aps * HORIZON_S)
     if large:
-        log(f"large: {s.large_cluster} x {s.large_agents} agents")
-        t0 = time.time()
-        jct = p.jct("dualpath", s.large_agents, label="large", cluster=s.large_cluster)
-        out["large"] = None if jct is None else {"cluster": s.large_cluster, "agents": s.large_agents, "jct_s": jct,
-                                                 "wall_s": time.time() - t0}
+        p.run("dualpath", s.large_agents, label="large", cluster=s.large_cluster)
     if sensitivity:
-        out["sensitivity"] = _sensitivity(p, head, log)
-    out |= {"details": p.details, "skipped": p.skipped, "wall_s": time.time() - p.t0,
-            "scale": dataclasses.asdict(scale)}
-    return out
+        for name, scaled in ASSUMED.items():
+            for f in (0.5, 1.5):
+                for st in ("basic", "dualpath"):
+                    p.run(st, head, label=f"{name} x{f}: {st}", hw=scaled(hw, f))
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dualjax-paper-") as tmp:
+            p.execute(tmp, jobs, progress)
+    else:
+        p.execute(out, jobs, progress)
+    ablation_jct = {agents: {st: p.jct(f"{st}@{agents}") for st in ABLATION_STEPS}
+                    for agents in sorted(s.ablation, key=lambda a: a != head)}
+    offline = {a: {pol: p.jct(f"{pol}@{a}") for pol in OFFLINE} for a in s.offline}
+    snic = {pol: p.details.get(f"{pol}@{head}", {}).get("snic_max_over_avg") for pol in ("round-robin", "dualpath")}
+    mechanisms = {"basic (default: 0 batches ahead, hbm)": p.details.get(f"basic@{head}"),
+                  "layerwise (default: 2 layers held)": p.details.get(f"layerwise@{head}")}
+    mechanisms |= {label: p.details.get(label) for label in MECHANISMS}
+    out_ = {"ablation": ablation_jct, "offline": offline, "capacity_aps": {pol: p.capacity(pol) for pol in
+                                                                           ("basic", "dualpath")},
+            "snic_max_over_avg": snic, "online": p.online(), "large": None,
+            "mechanisms": {k: _mechanism(d) for k, d in mechanisms.items()},
+            "fit": read_fit(fit_file) if fit_file else None, "paper": PAPER}
+    if large and (g := p.details.get("large")):
+        out_["large"] = {"cluster": s.large_cluster, "agents": s.large_agents, "jct_s": g["jct_s"],
+                         "wall_s": g["run_wall_s"]}
+    if sensitivity:
+        out_["sensitivity"] = _sensitivity(p, hw)
+    out_ |= {"details": p.details, "skipped": p.skipped, "wall_s": time.time() - p.t0,
+             "scale": dataclasses.asdict(scale)}
+    return out_
 
 
 def _mechanism(d: dict | None) -> dict | None:
@@ -203,16 +285,14 @@ def _mechanism(d: dict | None) -> dict | None:
             "load_wait_s": d["prefill"]["load_wait_s"]["mean"]}
 
 
-def _sensitivity(p: Paper, agents: int, log) -> dict:
+def _sensitivity(p: Paper, hw: Hardware) -> dict:
     """DualPath's and Basic's JCT and their ratio with each assumed input scaled (the fitted ones held)."""
-    log("sensitivity: each assumed input at x0.5 and x1.5")
     out = {}
     for name, scaled in ASSUMED.items():
         out[name] = {}
         for f in (0.5, 1.5):
-            hw = scaled(p.hw, f)
-            jcts = {st: p.jct(st, agents, label=f"{name} x{f}: {st}", hw=hw) for st in ("basic", "dualpath")}
-            value = f if name == "ep_latency_us" else getattr(hw, name)
+            jcts = {st: p.jct(f"{name} x{f}: {st}") for st in ("basic", "dualpath")}
+            value = f if name == "ep_latency_us" else getattr(scaled(hw, f), name)
             out[name][f"x{f}"] = {**jcts, "speedup": speedup(jcts["basic"], jcts["dualpath"]), "value": value}
     return out
 
