@@ -143,6 +143,18 @@ def test_workload_stats_cli(tmp_path, capsys):
     assert joint["table_2"]["agent"]["error"]["turns_mean"] > old["table_2"]["agent"]["error"]["turns_mean"] + 0.3
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["workload", "fit", "paper-64k"], "'paper-64k' is not a fitted preset: paper-32k-60"),
+    (["workload", "fit", "nosuch"], "unknown workload 'nosuch'"),
+    (["workload", "shape", "/nonexistent"], "/nonexistent: no such file or directory"),
+])
+def test_workload_fit_and_shape_refuse_bad_input_in_one_line(capsys, argv, message):
+    from dualjax.cli.main import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
 def test_online_arrivals_are_poisson_at_the_given_rate():
     agents = agents_for(get_workload("agentic-tiny", agents=400), 256, aps=20.0)
     starts = np.array([a.start for a in agents])
