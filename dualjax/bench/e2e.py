@@ -1,6 +1,6 @@
 """End to end: DualPath against the Basic baseline on embedded clusters, storage-bound.
 
-    dualjax bench e2e --json FILE [--quick | --hbm]
+    dualjax bench e2e --json FILE [--quick | --hbm] [--repeats N]
 
 Offline agentic workload (`agentic-e2e`: 10 agents x 5 turns, 1,024-token first round, 64-token
 appends, 8 generated tokens) on the `small` model. First an uncapped control run (compute-bound:
@@ -9,7 +9,9 @@ storage is a page-cache read). The per-host storage NIC cap is then set so that 
 the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
 theory; --quick, a CI smoke run of 3 agents x 3 turns, uses 4x all the same: the capped runs take
 two thirds of the time and loading still dominates). Then, in order of importance: 1p1d and 1p2d
-under basic / dualpath (the --quick set); the --hbm set: 1p1d under basic / pe-only / dualpath with a
+under basic / dualpath, and dualpath without the scheduling algorithm (`--scheduler naive`:
+round-robin engines, no compute quota; `naive_over_dualpath` is what scheduling buys here) (the
+--quick set); the --hbm set: 1p1d under basic / pe-only / dualpath with a
 PE device-memory budget (`--pe-hbm-mb`) that holds every layer of about one request's KV, where
 Basic (which loads a batch's every layer into device memory, then computes it) batches one request
 at a time and layerwise prefill (two layers per row, reads into host DRAM) is not held back, and
@@ -17,11 +19,16 @@ at a time and layerwise prefill (two layers per row, reads into host DRAM) is no
 (`--basic-ahead` 0, the default, and 1: what overlapping loads with compute gives it); then 2p1d and
 the remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
 share this process and the machine's cores, so hosts also contend for compute; only the per-host
-storage NIC bandwidth and the PE memory budget are emulated.
+storage NIC bandwidth and the PE memory budget are emulated. Each configuration runs `--repeats`
+times (default 3, --quick 1), round after round, the control again in every round after the first;
+the tables give the median, `jct_repeats_s` each configuration's least, median and most. Every
+run's hosts compile its pass shapes before its clock (`runtime.warmup.warm_shapes`); a run's
+`unwarmed_passes` lists any pass that compiled on its clock (none expected).
 
 Wall time is bounded (`--max-wall-s`, default 14 minutes, whatever the machine). A warm-up run of
-the control's configuration compiles its pass shapes (compilation is most of its time), then the
-control measures this machine without compilation; the control's most frequent pass shapes, timed
+the control's configuration compiles the pass shapes at its start-up (most of its wall; later runs
+in this process find them compiled) and shows which shapes the control computes most; the control's
+most frequent pass shapes, timed
 bare right before and after it (`speed_probe`; again after every capped run), tell `sim validate`
 how fast the machine ran then.
 This happens first at a small size (2 agents; --quick: its own 3), and again at the most agents
@@ -44,6 +51,7 @@ import functools
 import logging
 import os
 import shutil
+import statistics
 import time
 from typing import NamedTuple
 
@@ -58,6 +66,8 @@ from dualjax.runtime.startup import prefill_seconds
 log = logging.getLogger("dualjax.bench.e2e")
 
 QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "dualpath")]
+NAIVE = ["1p1d", "1p2d"]  # DualPath without the scheduling algorithm (`--scheduler naive`) beside DualPath
+REPEATS, QUICK_REPEATS = 3, 1  # runs of each configuration (--repeats)
 FULL = QUICK + [("2p1d", "basic"), ("2p1d", "dualpath"), ("1p1d", "pe-only"), ("1p2d", "pe-only"),
                 ("2p1d", "pe-only"), ("2p2d", "dualpath"), ("2p2d", "round-robin")]
 FACTOR = 6.0  # the storage factor (below): loading dominates compute
@@ -79,14 +89,15 @@ def main(argv=None, args=None) -> dict:
     k = args.storage_factor or (QUICK_FACTOR if args.quick else FACTOR)
     walls: dict[str, dict] = {}  # per run: its JCT and its wall time
     run = functools.partial(_run, args.out, walls)
-    planned, essential = _planned(args.quick, args.hbm)
+    args.repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    planned, essential = _planned(args.quick, args.hbm, args.repeats)
     budget = lambda: MARGIN * (args.max_wall_s - (time.time() - t_start))  # noqa: E731
     m = _measure(run, walls, planned, essential, k, budget, args.quick)
     hit_bytes = sum(h["storage_bytes"] for h in m.control["hosts"])
     cap = hit_bytes / (k * m.control["jct_s"])
     log.info("cap: %.1f MB/s per host (one NIC would read the %.0f MB of hits in %gx the uncapped JCT)",
              cap / 1e6, hit_bytes / 1e6, k)
-    skipped = {_name(r): "left out: predicted from the control (measured after the warm-up) to end past "
+    skipped = {_dir(r): "left out: predicted from the control (measured after the warm-up) to end past "
                          "--max-wall-s after the essential runs" for r in m.left_out}
     out = _capped(run, walls, m, k, cap, lambda: time.time() - t_start, args, skipped)
     figure = os.path.join(args.out, "jct_per_policy.png")
@@ -104,17 +115,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{QUICK_FACTOR:g} with --quick)")
     p.add_argument("--max-wall-s", type=number(inf_ok=True), default=840.0,
                    help="skip runs that would end past this many seconds of wall time (default 840)")
+    p.add_argument("--repeats", type=int, choices=range(1, 21), metavar="N",
+                   help=f"runs of each configuration, round after round (default {REPEATS}; {QUICK_REPEATS} with "
+                   "--quick): the JSON gives their least, median and most")
     p.add_argument("--hbm", action="store_true",
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
 
 
 class Run(NamedTuple):
-    """A capped run: its cluster and policy, under the PE memory budget or not, Basic's batches ahead."""
+    """A run after the control: its cluster and policy, under the PE memory budget or not, Basic's batches
+    ahead, the scheduler (full, or naive: round-robin engines and no compute quota), storage capped or not
+    (the control again), which repeat of its configuration."""
 
     cluster: str
     policy: str
     hbm: bool = False
     ahead: int = 0
+    scheduler: str = "full"
+    capped: bool = True
+    repeat: int = 0
 
 
 SETTINGS = ("policy", "snic_mbps", "pe_hbm_mb", "basic_ahead", "basic_lands", "layerwise", "scheduler")
@@ -131,7 +150,8 @@ def _run(out: str, walls: dict, base: RunConfig, name: str, **changes) -> dict:
     r = run_embedded(cfg, progress=False)
     peak = max(h["buffer_peak_bytes"] for h in r["hosts"] if h["role"] == "prefill")
     walls[name] = {"jct_s": r["jct_s"], "wall_s": time.time() - t0, "rows_per_pass": rows_per_pass(r),
-                   "pe_buffer_peak_mb": peak / 1e6, "agents": cfg.agents,
+                   "pe_buffer_peak_mb": peak / 1e6, "agents": cfg.agents, "config": name, "repeat": 0,
+                   "unwarmed_passes": unwarmed_passes(cfg, r), "startup_s": r["runtime"]["startup"]["max_s"],
                    "settings": {"cluster": cfg.cluster.name} | {k: getattr(cfg, k) for k in SETTINGS}}
     log.info("%-22s JCT %6.2f s  wall %6.1f s  paths %s  SNIC max/avg %s  rows/pass %.2f  PE buffer peak %.1f MB",
              name, r["jct_s"], walls[name]["wall_s"], r["paths"],
@@ -211,9 +231,10 @@ def _grow_to(start: int, preset: int, warm_s: float, control_s: float, units: fl
 
 
 def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, skipped: dict) -> dict:
-    """The capped runs in order, each skipped (into `skipped`) when its prediction, scaled by how far
-    the runs so far overran theirs (a slowed machine), would end past `--max-wall-s`: per cluster and
-    policy the JCT, storage-NIC balance and rows per pass, the memory-budget runs apart, run dirs."""
+    """The runs after the control in order, each skipped (into `skipped`) when its prediction, scaled by
+    how far the runs so far overran theirs (a slowed machine), would end past `--max-wall-s`: per cluster
+    and policy the median JCT of its repeats, and the storage-NIC balance and rows per pass of the run at
+    that median, the memory-budget runs apart; every configuration's repeats (`_spread`); run dirs."""
     max_wall_s = args.max_wall_s
     out = {"jct": {}, "balance": {}, "balance_all": {}, "rows": {}, "reports": []}
     hbm_mb = _hbm_budget_mb(m.base)
@@ -223,41 +244,75 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
                           "computes it; layerwise reads into host DRAM and holds two layers per row on the device"}
     out["basic_ahead"] = {}  # cluster -> {batches ahead: JCT} of Basic without the budget
     overran, last_probe = [1.0], m.probes[-1]
+    done: dict[str, list] = {CONTROL: [(Run("1p1d", "basic", capped=False), m.control)]}  # by configuration
     for spec in m.runs:
-        cluster, policy, budget = spec.cluster, spec.policy, hbm_mb if spec.hbm else None
-        name, expect = _name(spec), _cost(spec, k) * m.control["jct_s"]
+        name, expect = _dir(spec), _cost(spec, k) * m.control["jct_s"]
         predicted = expect * max(overran) + m.overhead_s
         if elapsed() + predicted > max_wall_s:
             skipped[name] = f"skipped: predicted {predicted:.0f} s would end past --max-wall-s {max_wall_s:.0f}"
             log.info("%-22s %s", name, skipped[name])
             continue
-        r = run(m.base, name, cluster=ClusterSpec.parse(cluster), policy=policy, snic_mbps=cap / 1e6,
-                pe_hbm_mb=budget, basic_ahead=spec.ahead)
+        if spec.capped:
+            r = run(m.base, name, cluster=ClusterSpec.parse(spec.cluster), policy=spec.policy, snic_mbps=cap / 1e6,
+                    pe_hbm_mb=hbm_mb if spec.hbm else None, basic_ahead=spec.ahead, scheduler=spec.scheduler)
+        else:
+            r = run(m.base, name, policy="basic")
         probe = speed_probe(m.base.model, m.shapes)  # between this run and the next
         walls[name]["probe_bare_s"], last_probe = [last_probe, probe], probe
+        walls[name] |= {"config": _name(spec), "repeat": spec.repeat}
         overran.append(r["jct_s"] / expect)
-        out["reports"].append(os.path.join(args.out, name))
-        _record(out, spec, r)
+        done.setdefault(_name(spec), []).append((spec, r))
+    out["repeats"] = {config: _spread([r["jct_s"] for _, r in runs]) for config, runs in done.items()}
+    for config, runs in done.items():
+        if config == CONTROL:
+            continue
+        spec, r = sorted(runs, key=lambda sr: sr[1]["jct_s"])[(len(runs) - 1) // 2]  # the run at the median
+        out["reports"].append(os.path.join(args.out, _dir(spec)))
+        _record(out, spec, r, out["repeats"][config]["median"])
     if "basic" in out["hbm"]["jct_s"]:
         out["hbm"]["vs_basic"] = {pol: t / out["hbm"]["jct_s"]["basic"] for pol, t in out["hbm"]["jct_s"].items()}
+    out["naive"] = _naive(done)
     return out
 
 
-def _record(out: dict, spec: Run, r: dict) -> None:
-    """A capped run's figures into `_capped`'s tables: under the memory budget by policy, Basic by its
-    batches ahead, and the runs of the default settings by cluster and policy."""
-    cluster, policy = spec.cluster, spec.policy
+def _spread(values: list[float]) -> dict:
+    """Repeats of one figure: each, their least, median and most, and (most - least) / median."""
+    med = statistics.median(values)
+    return {"values": values, "n": len(values), "min": min(values), "median": med, "max": max(values),
+            "spread": (max(values) - min(values)) / med if med else None}
+
+
+def _naive(done: dict) -> dict:
+    """Per cluster, what the scheduling algorithm buys: the JCT of DualPath without it (`--scheduler
+    naive`) over DualPath's, per round where both ran (a same-round ratio, under the same load) and of
+    the medians."""
+    out = {}
+    for cluster in NAIVE:
+        full = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-dualpath", [])}
+        naive = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-dualpath-naive", [])}
+        rounds = sorted(set(full) & set(naive))
+        if rounds:
+            out[cluster] = {"per_round": _spread([naive[k] / full[k] for k in rounds]),
+                            "of_medians": statistics.median(naive.values()) / statistics.median(full.values())}
+    return out
+
+
+def _record(out: dict, spec: Run, r: dict, jct: float) -> None:
+    """A capped run's figures into `_capped`'s tables (`jct`: its configuration's median JCT): under the
+    memory budget by policy, Basic by its batches ahead, and the runs of the default settings by cluster
+    and policy (the step without scheduling as `POLICY-naive`)."""
+    cluster, policy = spec.cluster, spec.policy + ("-naive" if spec.scheduler == "naive" else "")
     if policy == "basic" and not spec.hbm:
-        out["basic_ahead"].setdefault(cluster, {})[spec.ahead] = r["jct_s"]
+        out["basic_ahead"].setdefault(cluster, {})[spec.ahead] = jct
     if spec.ahead:
         return
     if spec.hbm:
-        out["hbm"]["jct_s"][policy] = r["jct_s"]
+        out["hbm"]["jct_s"][policy] = jct
         out["hbm"]["rows_per_pass"][policy] = rows_per_pass(r)
         out["hbm"]["pe_buffer_peak_mb"][policy] = max(h["buffer_peak_bytes"] for h in r["hosts"]
                                                       if h["role"] == "prefill") / 1e6
         return
-    out["jct"].setdefault(cluster, {})[policy] = r["jct_s"]
+    out["jct"].setdefault(cluster, {})[policy] = jct
     out["balance"].setdefault(cluster, {})[policy] = r["snic_max_over_avg"]
     out["balance_all"].setdefault(cluster, {})[policy] = r["snic_max_over_avg_all_windows"]
     out["rows"].setdefault(cluster, {})[policy] = rows_per_pass(r)
@@ -274,8 +329,8 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "benchmark": "e2e", "model": "small", "workload": m.base.workload, "quick": args.quick, "hbm_only": args.hbm,
         "agents": m.base.agents, "turns": m.base.turns, "preset_agents": m.preset_agents,
         "sizing": {"measured": m.measured, "run_overhead_s": m.overhead_s, "margin": MARGIN,
-                   "planned": [_name(r) for r in planned],
-                   "essential": [_name(r) for r in planned[:essential]]},
+                   "planned": [_dir(r) for r in planned],
+                   "essential": [_dir(r) for r in planned[:essential]]},
         "cap_mbps": cap / 1e6,
         "cap_reason": f"one storage NIC needs {k:g}x the uncapped control's JCT to read every hit block",
         "control_uncapped_jct_s": m.control["jct_s"], "hit_bytes": hit_bytes,
@@ -291,7 +346,11 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "rows_per_pass": out["rows"],
         "plots": [figure] + [os.path.join(d, "storage.png") for d in out["reports"]],
         "hbm": out["hbm"], "basic_ahead": out["basic_ahead"],
-        "ran": [n for n in map(_name, m.runs) if n not in skipped], "skipped": skipped,
+        # every configuration's JCT over its repeats (min / median / max); the tables above hold the medians
+        "repeats": args.repeats, "jct_repeats_s": out["repeats"],
+        # DualPath without the scheduling algorithm over DualPath, where storage binds: > 1 is what it buys
+        "naive_over_dualpath": out["naive"],
+        "ran": [n for n in map(_dir, m.runs) if n not in skipped], "skipped": skipped,
         "max_wall_s": args.max_wall_s, "runs": walls,
         "notes": "Embedded clusters in one process on this machine: hosts share the CPU, so compute is "
                  "contended too; the per-host storage NIC cap and the PE memory budget are the things emulated. "
@@ -318,6 +377,19 @@ def pass_shapes(report: dict) -> list[tuple[int, int, int, int]]:
     return [(*key, n) for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
+def unwarmed_passes(cfg: RunConfig, report: dict) -> list[tuple[int, int, int, int]]:
+    """[(rows, padded new, padded prefix, passes)] of a run's prefill passes whose shape its hosts did not
+    compile before the clock (`runtime.warmup.warm_shapes`): each compiled on the clock, so a run with any
+    carries compilation in its JCT. [] when none."""
+    ran = pass_shapes(report)
+    if not ran:
+        return []
+    from dualjax.runtime.store import run_layout, run_model
+    from dualjax.runtime.warmup import warm_shapes
+    warmed = set(warm_shapes(cfg, run_model(cfg).config, run_layout(cfg).block_tokens))
+    return [s for s in ran if tuple(s[:3]) not in warmed]
+
+
 def speed_probe(model: str, shapes: list[tuple[int, int, int, int]]) -> float:
     """Seconds of `shapes`' passes timed bare, once each (`prefill_seconds`, the function the calibrated
     pass table is measured with), weighted by their passes: `sim validate` sets it against the profile's
@@ -326,27 +398,54 @@ def speed_probe(model: str, shapes: list[tuple[int, int, int, int]]) -> float:
     return sum(n * prefill_seconds(model, prefix, new, repeats=1, rows=rows) for rows, new, prefix, n in shapes)
 
 
-def _planned(quick: bool, hbm_only: bool) -> tuple[list[Run], int]:
-    """(runs in order of importance, how many lead that always run): the --hbm set, the --quick set, or the
-    quick set, the rest of the --hbm set, then the others."""
+def _planned(quick: bool, hbm_only: bool, repeats: int = 1) -> tuple[list[Run], int]:
+    """(runs in order of importance, how many lead that always run): the --hbm set, the --quick set (each
+    DualPath beside its step without scheduling), or the quick set, the rest of the --hbm set, then the
+    others; each `repeats` times (`_repeated`)."""
     hbm = [Run("1p1d", pol, hbm=True) for pol in HBM] + [Run("1p1d", "basic"), Run("1p1d", "basic", ahead=1)]
     if hbm_only:
-        return hbm, len(hbm)
-    quick_runs = [Run(c, pol) for c, pol in QUICK]
+        return _repeated(hbm, len(hbm), repeats)
+    quick_runs = [r for c, pol in QUICK
+                  for r in [Run(c, pol)] + ([Run(c, pol, scheduler="naive")] if pol == "dualpath" and c in NAIVE
+                                            else [])]
     if quick:
-        return quick_runs, len(quick_runs)
+        return _repeated(quick_runs, len(quick_runs), repeats)
     extra = [r for r in hbm if r not in quick_runs]
-    return quick_runs + extra + [Run(c, pol) for c, pol in FULL[len(QUICK):]], len(quick_runs) + len(extra)
+    return _repeated(quick_runs + extra + [Run(c, pol) for c, pol in FULL[len(QUICK):]],
+                     len(quick_runs) + len(extra), repeats)
+
+
+def _repeated(configs: list[Run], essential: int, repeats: int) -> tuple[list[Run], int]:
+    """(runs, how many lead that always run): each configuration `repeats` times, round after round, the
+    essential ones' rounds first (so that every configuration meets the machine's load as the others do);
+    each round after the first also runs the uncapped control again (its first run, measured before
+    these, sizes them)."""
+    control = Run("1p1d", "basic", capped=False)
+    head = [c._replace(repeat=k) for k in range(repeats) for c in ([control] if k else []) + configs[:essential]]
+    tail = [c._replace(repeat=k) for k in range(repeats) for c in configs[essential:]]
+    return head + tail, len(head)
 
 
 def _name(run: Run) -> str:
-    return f"{run.cluster}-{run.policy}" + ("-hbm" if run.hbm else "") + (f"-ahead{run.ahead}" if run.ahead else "")
+    """The run's configuration, by which repeats are grouped (the control's: `CONTROL`)."""
+    if not run.capped:
+        return CONTROL
+    return (f"{run.cluster}-{run.policy}" + ("-hbm" if run.hbm else "") + (f"-ahead{run.ahead}" if run.ahead else "")
+            + ("-naive" if run.scheduler == "naive" else ""))
+
+
+def _dir(run: Run) -> str:
+    """The run's own name (its output directory under --out): its configuration's, and its repeat after
+    the first."""
+    return _name(run) + (f"-r{run.repeat}" if run.repeat else "")
 
 
 def _cost(run: Run, k: float) -> float:
-    """A capped run's predicted JCT in units of the control's: the storage factor over the run's
-    storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least one; Basic loading no
-    batch ahead loads and computes in turn, so its compute adds to its loads."""
+    """A run's predicted JCT in units of the control's: the control again 1; a capped run the storage
+    factor over the run's storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least
+    one; Basic loading no batch ahead loads and computes in turn, so its compute adds to its loads."""
+    if not run.capped:
+        return 1.0
     c = ClusterSpec.parse(run.cluster)
     load = max(1.0, k / (c.prefill if run.policy in ("basic", "pe-only") else c.prefill + c.decode))
     return load + BASIC_COMPUTE if run.policy == "basic" and not run.ahead else load

@@ -6,7 +6,19 @@ import os
 
 import pytest
 
-from dualjax.bench.e2e import Run, _cost, _fit_wall, _grow_to, _name, _planned, pass_shapes
+from dualjax.bench.e2e import (
+    CONTROL,
+    Run,
+    _cost,
+    _dir,
+    _fit_wall,
+    _grow_to,
+    _naive,
+    _name,
+    _planned,
+    _spread,
+    pass_shapes,
+)
 from dualjax.cli.validate import _probe_of, _speed_ratio
 from dualjax.sim.profiles import get_hardware
 
@@ -22,17 +34,47 @@ def test_the_size_grows_only_as_far_as_the_bound_allows():
 
 def test_essential_runs_shrink_the_agents_and_the_rest_are_left_out():
     planned, essential = _planned(quick=False, hbm_only=False)
-    assert essential == 8 and len(planned) == 15
-    # storage factor 6: 1p1d basic 6 + 1 (it loads, then computes), dualpath 3, 1p2d basic 7, dualpath 2, memory
-    # budget basic 7, pe-only 6, dualpath 3, 1p1d basic one batch ahead 6 (its compute overlaps): 41 control JCTs
-    assert sum(_cost(r, 6.0) for r in planned[:essential]) == pytest.approx(41.0)
-    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=41 * 10 + 8 * 5 + 100, agents=4)
+    assert essential == 10 and len(planned) == 17
+    # storage factor 6: 1p1d basic 6 + 1 (it loads, then computes), dualpath 3, naive 3, 1p2d basic 7, dualpath 2,
+    # naive 2, memory budget basic 7, pe-only 6, dualpath 3, 1p1d basic one batch ahead 6 (its compute overlaps):
+    # 46 control JCTs
+    assert sum(_cost(r, 6.0) for r in planned[:essential]) == pytest.approx(46.0)
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=46 * 10 + 10 * 5 + 100, agents=4)
     assert agents == 4 and kept[:essential] == planned[:essential] and len(kept) + len(left) == len(planned)
-    # 450 s spent, then each while it fits 550 s: 2p1d basic (4 x 10 + 5) and dualpath (25: 520 s), not the
-    # pe-only runs (65, 65, 35), 2p2d dualpath (20: 540 s), not 2p2d round-robin (20)
+    # 510 s spent, then each while it fits 610 s: 2p1d basic (4 x 10 + 5) and dualpath (25: 580 s), not the
+    # pe-only runs (65, 65, 35), 2p2d dualpath (20: 600 s), not 2p2d round-robin (20)
     assert kept[essential:] == [Run("2p1d", "basic"), Run("2p1d", "dualpath"), Run("2p2d", "dualpath")]
-    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(41 * 10 + 10) / 2 + 9 * 5, agents=4)
+    kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(46 * 10 + 10) / 2 + 11 * 5, agents=4)
     assert agents == 2 and kept == planned[:essential] and left == planned[essential:]
+
+
+def test_repeats_run_round_after_round_with_the_control_again():
+    """Each configuration `repeats` times, the essential rounds first, the control again from the second
+    round on (its first run is measured before); DualPath's step without scheduling beside it."""
+    once, n = _planned(quick=True, hbm_only=False)
+    assert [_name(r) for r in once] == ["1p1d-basic", "1p1d-dualpath", "1p1d-dualpath-naive", "1p2d-basic",
+                                        "1p2d-dualpath", "1p2d-dualpath-naive"] and n == 6
+    runs, essential = _planned(quick=True, hbm_only=False, repeats=3)
+    assert essential == len(runs) == 3 * 6 + 2
+    assert runs[:6] == once and runs[6] == Run("1p1d", "basic", capped=False, repeat=1) and _name(runs[6]) == CONTROL
+    assert [r._replace(repeat=0) for r in runs[7:13]] == once and {r.repeat for r in runs[13:]} == {2}
+    assert len({_dir(r) for r in runs}) == len(runs) and _dir(runs[8]) == "1p1d-dualpath-r1"
+    assert _cost(runs[6], 6.0) == 1.0  # the control is the unit
+    full, essential = _planned(quick=False, hbm_only=False, repeats=3)
+    assert essential == 3 * 10 + 2 and len(full) == 3 * 17 + 2 and all(r.repeat == 0 for r in full[:10])
+
+
+def test_spread_and_what_scheduling_buys():
+    assert _spread([3.0, 1.0, 2.0]) == {"values": [3.0, 1.0, 2.0], "n": 3, "min": 1.0, "median": 2.0, "max": 3.0,
+                                        "spread": 1.0}
+    # per round naive / dualpath: 12/10, 10/10, 18/12 = 1.2, 1.0, 1.5; medians 12 / 10
+    done = {"1p1d-dualpath": [(Run("1p1d", "dualpath", repeat=k), {"jct_s": t}) for k, t in enumerate([10, 10, 12])],
+            "1p1d-dualpath-naive": [(Run("1p1d", "dualpath", scheduler="naive", repeat=k), {"jct_s": t})
+                                    for k, t in enumerate([12, 10, 18])]}
+    got = _naive(done)
+    assert set(got) == {"1p1d"} and got["1p1d"]["of_medians"] == pytest.approx(1.2)
+    assert got["1p1d"]["per_round"]["values"] == pytest.approx([1.2, 1.0, 1.5])
+    assert got["1p1d"]["per_round"]["median"] == pytest.approx(1.2)
 
 
 def test_the_hbm_set_is_the_memory_budget_runs_and_basic_both_ways():
@@ -73,7 +115,7 @@ def test_a_run_again_under_the_same_name_starts_from_an_empty_directory(tmp_path
                     else None)
         os.makedirs(cfg.store_dir, exist_ok=True)
         open(os.path.join(cfg.store_dir, "block"), "w").close()  # what a run leaves behind
-        return {"jct_s": 1.0, "paths": {}, "snic_max_over_avg": None,
+        return {"jct_s": 1.0, "paths": {}, "snic_max_over_avg": None, "runtime": {"startup": {"max_s": 0.0}},
                 "hosts": [{"role": "prefill", "buffer_peak_bytes": 0, "pass_shapes": []}]}
 
     monkeypatch.setattr(e2e, "run_embedded", fake_run)
@@ -81,3 +123,39 @@ def test_a_run_again_under_the_same_name_starts_from_an_empty_directory(tmp_path
     for _ in range(2):
         e2e._run(str(tmp_path), {}, base, "control", policy="basic")
     assert seen == [None, None]
+
+
+def test_the_benchmark_groups_repeats_into_medians(tmp_path, monkeypatch):
+    """The whole benchmark over fake runs (JCT by configuration and round, no JAX): the tables hold each
+    configuration's median, `jct_repeats_s` every repeat, `naive_over_dualpath` the same-round ratios."""
+    from dualjax.bench import e2e
+    jct = {("1p1d", "basic", "full", True): 40.0, ("1p1d", "dualpath", "full", True): 20.0,
+           ("1p1d", "dualpath", "naive", True): 24.0, ("1p2d", "basic", "full", True): 32.0,
+           ("1p2d", "dualpath", "full", True): 15.0, ("1p2d", "dualpath", "naive", True): 15.0,
+           ("1p1d", "basic", "full", False): 5.0}
+    rounds = iter(range(10_000))
+
+    def fake_run(cfg, progress):
+        key = (cfg.cluster.name, cfg.policy, cfg.scheduler, cfg.snic_mbps is not None)
+        t = jct[key] * (1 + 0.1 * (next(rounds) % 3))  # noise of up to 20 %
+        return {"jct_s": t, "paths": {}, "snic_max_over_avg": 1.0, "snic_max_over_avg_all_windows": 1.0,
+                "runtime": {"startup": {"max_s": 0.0}, "prefill_tokens_per_s": 1.0},
+                "hosts": [{"role": "prefill", "buffer_peak_bytes": 0, "pass_shapes": [], "pack_fit": [0, 0, 0],
+                           "storage_bytes": 4e6}]}
+    monkeypatch.setattr(e2e, "run_embedded", fake_run)
+    monkeypatch.setattr(e2e, "speed_probe", lambda model, shapes: 1.0)
+    monkeypatch.setattr(e2e, "plot_compare", lambda *a: None)
+    monkeypatch.setattr(e2e, "comparison", lambda runs: [])
+    monkeypatch.setattr(e2e, "load_run", lambda d, cols: None)
+    got = e2e.main(["--quick", "--repeats", "3", "--out", str(tmp_path), "--max-wall-s", "inf"])
+    assert got["skipped"] == {} and len(got["ran"]) == 20
+    spread = got["jct_repeats_s"]
+    assert {k: v["n"] for k, v in spread.items()} == {e2e.CONTROL: 3} | dict.fromkeys(
+        ["1p1d-basic", "1p1d-dualpath", "1p1d-dualpath-naive", "1p2d-basic", "1p2d-dualpath", "1p2d-dualpath-naive"], 3)
+    for config, s in spread.items():
+        assert s["min"] <= s["median"] <= s["max"] and s["median"] == sorted(s["values"])[1]
+    assert got["jct_s"]["1p1d"] == {p: spread[f"1p1d-{p}"]["median"] for p in ("basic", "dualpath", "dualpath-naive")}
+    ratios = got["naive_over_dualpath"]["1p1d"]["per_round"]["values"]
+    assert len(ratios) == 3 and all(1.2 * 0.8 < r < 1.2 * 1.2 for r in ratios)  # 24 / 20, each within the noise
+    assert got["naive_over_dualpath"]["1p2d"]["of_medians"] == pytest.approx(1.0)
+    assert {w["config"] for n, w in got["runs"].items() if n.endswith("-r2")} == set(spread) - {"warmup"}
