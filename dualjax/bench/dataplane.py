@@ -1,7 +1,7 @@
 """The data plane end to end, uncapped: hit-KV bytes per second each read path delivers into the
 prefill computation, against a raw read of the same bytes from the same disk in the same run.
 
-    dualjax bench dataplane --json FILE [--plot PNG] [--quick] [--embedded-only] [--budget-s S]
+    dualjax bench dataplane --json FILE [--plot FILE] [--quick] [--embedded-only] [--max-wall-s S]
 
 No storage-NIC cap and no model compute (the "computation" takes each layer as a device array and
 does nothing else), so what is measured is the runtime's own data movement:
@@ -23,9 +23,10 @@ the same disk into a reused buffer by one process alone (page cache warm, as the
 are; cold in `embedded_cold`); raw_parallel (`*_vs_raw_parallel`) = the same read by as many
 threads as the store reads with (`bench kvstore`'s yardstick, the stricter one).
 Trials interleave every figure, so load from other jobs hits them alike; GB/s are medians over
-trials, ratios medians of each trial's ratio. Each of the three runs (embedded, embedded cold,
-mpiexec) starts no new trial once `--budget-s` seconds of its trials have passed (after three:
-`MIN_TRIALS`), so a slow machine or disk bounds its own wall time; `trials` says how many ran.
+trials, ratios medians of each trial's ratio. `--max-wall-s` bounds the benchmark's wall time: each
+of the three runs (embedded, mpiexec, embedded cold) gets an equal share of the time left when it
+starts and starts no new trial past it (after three: `MIN_TRIALS`, so a spent bound still gives
+every figure), so a slow machine or disk bounds its own wall time; `trials` says how many ran.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from dualjax.runtime.transport.mpi import BUSY_POLL_S, IDLE_MAX_S
 # stolen time can make a relay stage of 11-16 ms take 65 ms) would decide `de_vs_bound`; of three, one
 # stall cannot.
 MIN_TRIALS = 3
+MAX_WALL_S, QUICK_MAX_WALL_S = 120.0, 40.0  # --max-wall-s's defaults
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -356,40 +358,48 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedded-only", action="store_true", help="skip the mpiexec run")
-    p.add_argument("--plot", metavar="PNG", type=output_file,
-                   help="also draw where each path's time goes (per run and path) to PNG")
-    p.add_argument("--budget-s", type=number(low_ok=True), default=None,
-                   help="seconds of trials per run (embedded, embedded cold, mpiexec), after which no new trial "
-                        "starts (default 30, 10 with --quick)")
+    p.add_argument("--plot", metavar="FILE", type=output_file,
+                   help="also draw where each path's time goes (per run and path) to FILE (PNG)")
+    p.add_argument("--max-wall-s", type=number(low_ok=True), default=None,
+                   help="wall-time bound: no new trial starts past it, each run (embedded, mpiexec, embedded cold) "
+                        "taking an equal share of the time left, at least three trials each (default "
+                        f"{MAX_WALL_S:g}, {QUICK_MAX_WALL_S:g} with --quick)")
     p.add_argument("--under-mpi", nargs=2, metavar=("OUT", "DIR"), help=argparse.SUPPRESS)
 
 
 def main(argv=None, args=None) -> dict:
     args = bench_args("dataplane", __doc__, add_arguments, argv, args)
-    requests, hit_tokens, trials, budget_s = (2, 4096, 5, 10.0) if args.quick else (4, 8192, 9, 30.0)
-    if args.budget_s is not None:
-        budget_s = args.budget_s
-    if args.under_mpi:
-        under_mpi(*args.under_mpi, requests, hit_tokens, trials, budget_s)
+    requests, hit_tokens, trials, max_wall_s = (2, 4096, 5, QUICK_MAX_WALL_S) if args.quick else \
+        (4, 8192, 9, MAX_WALL_S)
+    if args.max_wall_s is not None:
+        max_wall_s = args.max_wall_s
+    if args.under_mpi:  # its share, from the run that started it
+        under_mpi(*args.under_mpi, requests, hit_tokens, trials, max_wall_s)
         return {}
     t_start = time.perf_counter()
+    runs_left = [2 if args.embedded_only else 3]
+
+    def share() -> float:
+        """The next run's share of the wall time left: an equal part of it among the runs still to run."""
+        runs_left[0] -= 1
+        return max(0.0, t_start + max_wall_s - time.perf_counter()) / (runs_left[0] + 1)
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-dataplane-") as workdir:
         d = Data(workdir, requests, hit_tokens, create=True)
         with d.store:  # closed however the run ends
             result = {"benchmark": "dataplane", "machine": machine(), "layout": d.layout.describe(),
                       "requests": requests, "hit_tokens_per_request": hit_tokens}
-            result["embedded"] = measure_embedded(d, trials, budget_s)
+            result["embedded"] = measure_embedded(d, trials, share())
             if not args.embedded_only:
                 from dualjax.runtime.launch import mpiexec
                 load_page_cache(d.files)  # the page cache is the machine's: both ranks read warm
                 out = os.path.join(workdir, "mpi.json")
                 cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",
-                       "--under-mpi", out, workdir, "--budget-s", str(budget_s)] + (["--quick"] if args.quick else [])
+                       "--under-mpi", out, workdir, "--max-wall-s", repr(share())] + (["--quick"] if args.quick else [])
                 subprocess.run(cmd, check=True, timeout=900)
                 result["mpi"] = json.load(open(out))
-            result["embedded_cold"] = measure_embedded(d, trials, budget_s, cold=True)  # last: the store stays cold
+            result["embedded_cold"] = measure_embedded(d, trials, share(), cold=True)  # last: the store stays cold
     top = result.get("mpi", result["embedded"])
-    result["budget_s"] = budget_s
+    result["max_wall_s"] = max_wall_s
     result.update({k: top[k] for k in ("pe_vs_raw", "de_vs_raw", "raw_read_gbps", "store_vs_raw", "pe_vs_store",
                                        "de_vs_store", "pe_bound_vs_raw", "de_bound_vs_raw", "pe_vs_bound",
                                        "de_vs_bound", "pe_vs_raw_parallel", "de_vs_raw_parallel",
@@ -415,8 +425,8 @@ def main(argv=None, args=None) -> dict:
         "the page cache (posix_fadvise DONTNEED, untimed) before each figure, so both paths and both raw reads come "
         "from the disk: the storage-bound regime DualPath is for (the store reads such blocks O_DIRECT, block by "
         "block, past the page cache, so they stay cold; the raw reads stay buffered). Each run interleaves its "
-        "trials and starts no new one once budget_s seconds of them have passed (at least three): trials says how "
-        "many ran. "
+        "trials and starts no new one once its share of max_wall_s (an equal part of the time left when it starts) "
+        "has passed (at least three): trials says how many ran. "
         "CPU backend: page-aligned host buffers are aliased by jax.device_put (h2d free) and "
         "np.asarray of a device array is a view (d2h free); on an accelerator both are DMA copies.")
     if args.plot:

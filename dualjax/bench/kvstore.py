@@ -1,6 +1,6 @@
 """KV block store throughput against plain NumPy file I/O of the same bytes, on the same disk.
 
-    dualjax bench kvstore --json FILE [--dir DIR] [--quick]
+    dualjax bench kvstore --json FILE [--dir DIR] [--quick] [--max-wall-s S]
 
 Reads: Full Blocks fetched in random order through one `BlockStore.get` (and layer-major, one
 `get` per layer; and layer-major as a layerwise prefill reads them, a request's blocks in order
@@ -19,6 +19,8 @@ rename, with no fsync on either side, and with fsync on both. Cap: reads through
 `StorageNIC`. The store's TensorStore back end against its POSIX back end (the default on a
 local directory), on the same disk. Also reads of alternative TensorStore formats (zarr3 chunk
 per block, one `file` key per block, OCDBT) so the format choice is measured, not assumed.
+`--max-wall-s` bounds the benchmark's wall time: each phase gets its share of the time left when it
+starts (`PHASES`) and starts no new trial past it, after its least (two; one per other format).
 """
 
 from __future__ import annotations
@@ -54,6 +56,25 @@ from dualjax.runtime.store import layout_for
 from kvstore.pagecache import set_direct
 
 log = logging.getLogger("dualjax.bench.kvstore")
+# the phases that time trials and their weights in the wall time: the reads' cold trials take half
+# of a phase more; the cap's single read is not bounded
+PHASES = {"reads": 1.5, "writes": 1.0, "reads qwen2.5-32b": 1.5, "tensorstore": 1.0, "formats": 1.0,
+          "formats qwen2.5-32b": 1.0}
+MAX_WALL_S, QUICK_MAX_WALL_S = 180.0, 45.0  # --max-wall-s's defaults
+
+
+class Shares:
+    """Each phase's share of the wall time left before `deadline` (perf_counter seconds): its weight
+    among the `PHASES` still to run."""
+
+    def __init__(self, deadline: float, clock=time.perf_counter):
+        self.deadline, self.left, self.clock = deadline, dict(PHASES), clock
+
+    def __call__(self, phase: str) -> float:
+        """Seconds of trials for `phase`, per unit of its weight (what the phase's function takes)."""
+        total = sum(self.left.values())
+        self.left.pop(phase)
+        return max(0.0, self.deadline - self.clock()) / total
 
 
 def _fill(store: kv.BlockStore, n: int, seed: int = 0):
@@ -322,9 +343,10 @@ def backend_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, b
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=output_dir,
                    help="directory on the disk to measure (default: a temp dir under the cwd)")
-    p.add_argument("--budget-s", type=number(low_ok=True), default=None,
-                   help="seconds of trials per phase (warm reads, writes; cold reads half of it, the other "
-                        "formats all together), after which no new trial starts (default 20, 5 with --quick)")
+    p.add_argument("--max-wall-s", type=number(low_ok=True), default=None,
+                   help="wall-time bound: no new trial starts past it, each phase (reads, writes, back ends, "
+                        "formats) taking its share of the time left, at least two trials each (default "
+                        f"{MAX_WALL_S:g}, {QUICK_MAX_WALL_S:g} with --quick)")
 
 
 def main(argv=None, args=None) -> dict:
@@ -332,27 +354,29 @@ def main(argv=None, args=None) -> dict:
     t_start = time.perf_counter()
     show_progress()
     small, big = layout_for(models.get_config("small")), layout_for(models.get_config("qwen2.5-32b"))
-    n_small, n_big, trials, budget_s = (64, 4, 3, 5.0) if args.quick else (256, 16, 7, 20.0)
-    if args.budget_s is not None:
-        budget_s = args.budget_s
+    n_small, n_big, trials, max_wall_s = (64, 4, 3, QUICK_MAX_WALL_S) if args.quick else (256, 16, 7, MAX_WALL_S)
+    if args.max_wall_s is not None:
+        max_wall_s = args.max_wall_s
+    share = Shares(t_start + max_wall_s)
     with tempfile.TemporaryDirectory(dir=args.dir or os.getcwd(), prefix=".bench-kvstore-") as workdir:
         log.info("reads: %d x %d KiB blocks (small)", n_small, small.block_bytes // 1024)
         result = {"benchmark": "kvstore", "format": f"store format {kv.FORMAT_VERSION}: segment files (zarr3 shards "
                   "of up to S blocks, Layer Block chunks), one per put, ending in the segment's entry (XXH3-64 per "
                   "Layer Block, parent and tokens per block); index/<hash> a hard link to the segment file",
                   "io": "posix (the local back end: pwritev / preadv; TensorStore only opens the store)",
-                  **read_figures(small, n_small, workdir, trials, budget_s)}
+                  **read_figures(small, n_small, workdir, trials, share("reads"))}
         log.info("writes")
-        result.update(write_figures(small, n_small, workdir, trials, budget_s))
+        result.update(write_figures(small, n_small, workdir, trials, share("writes")))
         log.info("capped reads")
         result.update(cap_figures(small, n_small, workdir, cap_mbps=100.0))
         log.info("reads: %d x %d MiB blocks (qwen2.5-32b)", n_big, big.block_bytes >> 20)
-        result["qwen2.5-32b"] = read_figures(big, n_big, workdir, trials, budget_s)
+        result["qwen2.5-32b"] = read_figures(big, n_big, workdir, trials, share("reads qwen2.5-32b"))
         log.info("the TensorStore back end")
-        result.update(backend_figures(small, n_small, workdir, trials, budget_s))
+        result.update(backend_figures(small, n_small, workdir, trials, share("tensorstore")))
         log.info("alternative formats")
-        result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials, budget_s)
-        result["qwen2.5-32b"]["other_formats_read_gbps"] = format_figures(big, n_big, workdir, trials, budget_s)
+        result["other_formats_read_gbps"] = format_figures(small, n_small, workdir, trials, share("formats"))
+        big_formats = format_figures(big, n_big, workdir, trials, share("formats qwen2.5-32b"))
+        result["qwen2.5-32b"]["other_formats_read_gbps"] = big_formats
     result["notes"] = (
         "Same disk, same run, page cache warm (read_cold_* and read_layer_major_nic_cold_*: every file of both sides "
         "dropped from the page cache with posix_fadvise(DONTNEED) before each read, so both read the disk, against "
@@ -384,8 +408,10 @@ def main(argv=None, args=None) -> dict:
         "block; file/ocdbt values are plain reads to bytes, unchecked. The cap emulates one host's storage NIC; "
         "nothing else is emulated. *_cpu_vs_raw: the same ratios in CPU seconds of this process (all threads), "
         "which a loaded machine distorts far less than wall time. "
-        f"Each phase runs up to {trials} trials, none new after {budget_s:g} s (cold reads: half of it; the other "
-        "formats share it, at least one timed read each), at least two (*_trials: how many ran).")
+        f"Each phase runs up to {trials} trials, none new once its share of max_wall_s ({max_wall_s:g} s from the "
+        "start; of the time left when it starts, by its weight: reads 1.5, the cold half included, the others 1; "
+        "the other formats share theirs, at least one timed read each) has passed, at least two (*_trials: how "
+        "many ran).")
     result["wall_s"] = time.perf_counter() - t_start
     emit(result, args.json)
     return result

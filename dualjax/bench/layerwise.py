@@ -1,6 +1,6 @@
 """Layerwise prefill of one long-prefix request under a storage NIC cap: does loading overlap compute?
 
-    dualjax bench layerwise --json FILE [--plot PNG] [--quick]
+    dualjax bench layerwise --json FILE [--plot FILE] [--quick] [--max-wall-s S]
 
 One request on the `small` model: H hit tokens in the store, M miss tokens to compute. Measured in
 one run, on one store on disk:
@@ -17,7 +17,9 @@ peak_kv_layers = most prefix-KV bytes alive on the device at once (from `jax.liv
 in layers of this request. `timeline` (and `--plot`): one more layerwise pass and one more basic
 one, timed per layer: when each layer's KV was in the PE buffer (`read_s`) and when its compute
 was done (`computed_s`, seen by a thread that waits on each layer's result, so the pass itself
-waits on nothing new), from the start of the read.
+waits on nothing new), from the start of the read. `--max-wall-s` bounds the wall time: each of
+the two shapes gets an equal share of the time left when it starts, after which it starts no new
+trial (after two).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ import numpy as np
 import kvstore as kv
 import models
 from dualjax.bench.common import bench_args, emit, load_page_cache, show_progress, trials_within
+from dualjax.core.config import number
 from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV
 from dualjax.runtime.store import layout_for
 
 log = logging.getLogger("dualjax.bench.layerwise")
+MAX_WALL_S, QUICK_MAX_WALL_S = 300.0, 80.0  # --max-wall-s's defaults
 
 
 def _prefix_bytes_live(shape) -> int:
@@ -165,21 +169,28 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plot", metavar="PNG", type=output_file,
-                   help="also draw each shape's timeline (per layer: read, compute; and the basic pass) to PNG")
+    p.add_argument("--plot", metavar="FILE", type=output_file,
+                   help="also draw each shape's timeline (per layer: read, compute; and the basic pass) to FILE (PNG)")
+    p.add_argument("--max-wall-s", type=number(low_ok=True), default=None,
+                   help="wall-time bound: no new trial starts past it, each of the two shapes taking half of the "
+                   f"time left, at least two trials each (default {MAX_WALL_S:g}, {QUICK_MAX_WALL_S:g} with --quick)")
 
 
 def main(argv=None, args=None) -> dict:
     args = bench_args("layerwise", __doc__, add_arguments, argv, args)
     show_progress()
     t_start = time.perf_counter()
-    hit_tokens, miss, trials, budget_s = (2048, 256, 3, 40) if args.quick else (8192, 512, 5, 150)
+    hit_tokens, miss, trials, max_wall_s = (2048, 256, 3, QUICK_MAX_WALL_S) if args.quick else \
+        (8192, 512, 5, MAX_WALL_S)
+    if args.max_wall_s is not None:
+        max_wall_s = args.max_wall_s
+    left = lambda: max(0.0, t_start + max_wall_s - time.perf_counter())  # noqa: E731
     small = models.get_config("small")
     log.info("small (%d layers)", small.n_layers)
-    result = {"benchmark": "layerwise", "model": small.name, **measure(small, hit_tokens, miss, trials, budget_s)}
+    result = {"benchmark": "layerwise", "model": small.name, **measure(small, hit_tokens, miss, trials, left() / 2)}
     deep = small.replace(name="small-16l", n_layers=16)
     log.info("the same shape with 16 layers")
-    result["small_16_layers"] = measure(deep, hit_tokens, miss, trials, budget_s)
+    result["small_16_layers"] = measure(deep, hit_tokens, miss, trials, left())
     result["notes"] = (
         "Trials interleaved; times are medians, ratios medians of per-trial ratios. Storage NIC cap emulated, "
         "set so load ~= compute (the hardest case); reads really come "

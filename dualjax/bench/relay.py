@@ -209,7 +209,8 @@ def under_mpi(out_path: str, quick: bool, chunk: int) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-kib", type=number(kind=int), default=None, help="KV chunk size (default: the transport's)")
-    p.add_argument("--hostfile", help="run rank 0 (the PE) on the file's first host, rank 1 (the DE) on its second")
+    p.add_argument("--hostfile", metavar="FILE", help="run across hosts: a file of one HOST[:N] per line, or 'slurm' "
+                   "for SLURM_JOB_NODELIST; rank 0 (the PE) runs on its first host, rank 1 (the DE) on its second")
     p.add_argument("--under-mpi", metavar="OUT", help=argparse.SUPPRESS)
 
 

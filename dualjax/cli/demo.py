@@ -1,6 +1,7 @@
 """`dualjax demo`: a small agentic workload on an embedded 1P1D cluster, read over the PE path
 only and then over both paths, under the same per-host storage NIC cap; prints what each
-host's storage NIC and the DE->PE relay carried, and the job completion times."""
+host's storage NIC and the DE->PE relay carried, and the job completion times (`--quiet`: without the
+runs' progress bars)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def main(args) -> int:
     for label, policy in RUNS:
         out = os.path.join(args.out, policy)
         shutil.rmtree(out, ignore_errors=True)
-        r = run_embedded(base.replace(policy=policy, out=out), progress=True)
+        r = run_embedded(base.replace(policy=policy, out=out), progress=not args.quiet)
         snic = {h["role"]: h["storage_bytes"] / 1e6 for h in r["hosts"]}
         jct[policy] = r["jct_s"]
         rows.append((label, f"{r['jct_s']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['hit_rate']:.0%}",

@@ -1,9 +1,10 @@
 """The `dualjax` command line.
 
     dualjax demo [--quick] [--model M]          the main job: a small agentic run, PE-only vs dual-path
-    dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process)
-                                                --model: a preset or a checkpoint directory (docs/models.md)
+    dualjax run --cluster 1p1d ... --out DIR    one run (mpiexec by default, --embedded in-process;
+                                                --hostfile FILE: across hosts)
     dualjax verify [--model M] --json FILE      bit-identical tokens across paths, modes and launchers
+                                                (--hostfile N|FILE: across hosts)
     dualjax report DIR... [--plot FILE]         compare runs, real and simulated, in one table (and a figure)
     dualjax plan --gpus-per-node 8 ... [--sweep] the P/D ratio window for given hardware (and a simulated sweep)
     dualjax sim --cluster 2p4d ... [--out DIR]  simulate a cluster at any scale (same scheduler and policies)
@@ -15,10 +16,13 @@
     dualjax calibrate [--json FILE]             measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
 
-Every subcommand takes --help and --log-level; the output flags mean the same everywhere: --out DIR
-(run outputs, docs/report.md), --json FILE (one JSON object), --plot FILE (a figure). Bad input
-(flags, presets, files, stores) ends with one line naming what was wrong and exit code 2; anything
-else is a bug and shows its traceback.
+Every subcommand takes --help and --log-level, and every one that shows progress --quiet (the
+results are printed as without it). One name per thing: --model M (a preset; where a real model
+runs, a checkpoint directory too: docs/models.md), --hostfile (the hosts to run on), --max-wall-s
+(a wall-time bound). The output flags mean the same everywhere: --out DIR (run outputs,
+docs/report.md), --json FILE (one JSON object), --plot FILE (a figure). Bad input (flags, presets,
+files, stores) ends with one line naming what was wrong and exit code 2; anything else is a bug and
+shows its traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import argparse
 import sys
 
 from dualjax.cli.errors import user_errors
-from dualjax.cli.parsing import add_lazy, common, json_flag, out_flag, plot_flag, set_log_level
+from dualjax.cli.parsing import add_lazy, common, json_flag, out_flag, plot_flag, quiet_flag, set_log_level
 from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
 from dualjax.outputs import remove_unused_dirs
 
@@ -51,7 +55,7 @@ def cmd_run(args) -> int:
             for path in failed_hosts(cfg.out):  # mpiexec may have ended the job before it forwarded the host's print
                 with open(path) as f:
                     print(f"{path}:\n{f.read()}", file=sys.stderr)
-        return rc  # on success rank 0 printed the summary
+        return rc  # on success rank 0 printed the summary line on stdout, as below
     print(summary_line(run_embedded(cfg, progress=not args.quiet)))
     return 0
 
@@ -69,10 +73,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="fewer agents and turns, the tiny model (CI smoke run)")
     demo.add_argument("--model", help="model preset or checkpoint directory (default: small, or tiny with --quick)")
     out_flag(demo, "runs/demo", "the two runs' outputs")
-    run = sub.add_parser("run", help="one run on a cluster", parents=parent)
+    quiet_flag(demo)
+    run = sub.add_parser("run", help="one run on a cluster", parents=parent,
+                         description="One run; its summary line goes to stdout, embedded and under mpiexec.")
     add_flags(run, RunConfig)
     run.add_argument("--embedded", action="store_true", help="all hosts in this process (no MPI)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(run)
     run.set_defaults(func=cmd_run)
     ver = sub.add_parser("verify", help="bit-identical tokens across paths, layerwise modes and launchers",
                          parents=parent)
@@ -80,8 +86,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     out_flag(ver, "runs/verify", "the runs' outputs")
     ver.add_argument("--quick", action="store_true", help="fewer agents, embedded only")
     ver.add_argument("--model", default="tiny", help="model preset or checkpoint directory (default tiny)")
-    ver.add_argument("--hosts", metavar="N|FILE", help="check 1P2D and 2P2D across hosts: N made as Linux namespaces "
-                     "here (root), or a hostfile's (docs/cluster.md)")
+    ver.add_argument("--hostfile", metavar="N|FILE", help="check 1P2D and 2P2D across hosts: N made as Linux "
+                     "namespaces here (root), or a hostfile's, or 'slurm' for the allocation's (docs/cluster.md)")
+    quiet_flag(ver)
     plan.add_parser(sub, parent)
     sim.add_parsers(sub, parent, argv)
     workload.add_parser(sub, parent)
@@ -107,6 +114,7 @@ def _words(argv: list[str]) -> list[str]:
 def _bench_flags(p: argparse.ArgumentParser) -> None:
     from dualjax.bench.common import add_common
     add_common(p)
+    quiet_flag(p)  # the benchmarks' progress: INFO lines (`bench.common.show_progress`), off at WARNING
 
 
 def dispatch(args) -> int:
@@ -128,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 2
     try:
         args = build_parser(argv).parse_args(argv)
-        set_log_level(getattr(args, "log_level", None))
+        set_log_level(getattr(args, "log_level", None), quiet=getattr(args, "quiet", False))
         try:
             code = dispatch(args)
         except user_errors() as e:

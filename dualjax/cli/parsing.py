@@ -1,8 +1,10 @@
-"""What every `dualjax` subcommand's parser shares: `--log-level`, the output flags, and subcommands
-whose flags are loaded only when they run.
+"""What every `dualjax` subcommand's parser shares: `--log-level`, `--quiet`, the output flags, and
+subcommands whose flags are loaded only when they run.
 
 The output flags mean the same everywhere: `--out DIR` a directory of run outputs (docs/report.md),
 `--json FILE` the command's one JSON object, `--plot FILE` its figure (PNG). Nothing else is written.
+`--quiet` (every command that shows progress) drops the progress (bars, per-step lines on stderr, a
+benchmark's INFO lines) and keeps the results, on stdout.
 
 A lazy subcommand (`add_lazy`) is listed by its parent's --help with its one-line help; its module,
 which may import JAX, is imported and its flags added only when that subcommand is on the command
@@ -28,11 +30,17 @@ def common() -> argparse.ArgumentParser:
     return p
 
 
-def set_log_level(level: str | None) -> None:
-    """dualjax's loggers at `level` (None: WARNING unless a command turns on its own progress)."""
+def set_log_level(level: str | None, quiet: bool = False) -> None:
+    """dualjax's loggers at `level` (None: WARNING unless a command turns on its own progress, which
+    `quiet` keeps off: WARNING)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
-    if level is not None:
-        logging.getLogger("dualjax").setLevel(level)
+    logging.getLogger("dualjax").setLevel(level or ("WARNING" if quiet else logging.NOTSET))
+
+
+def quiet_flag(p: argparse.ArgumentParser) -> None:
+    """--quiet: no progress (the command's results are printed as without it)."""
+    p.add_argument("--quiet", action="store_true", help="no progress (bars, per-step lines); the results are "
+                   "printed as without it")
 
 
 def add_lazy(sub, name: str, module: str, help: str, load: bool, extra=None) -> argparse.ArgumentParser:

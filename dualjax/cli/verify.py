@@ -8,14 +8,16 @@ them; the built-in split and recompute policies); layerwise on and off; embedded
 a reference that keeps no store and recomputes every prompt. Every store-backed run must produce
 bit-identical generated tokens, equal to the reference's.
 
-`--hosts` checks a cluster instead: `--hosts N` on N hosts made as Linux namespaces of the machine verify runs on
-(`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hosts FILE` on the
-hosts of a hostfile (`slurm`: the allocation's). It runs 1P2D with DE reads (every hit block relayed
+`--hostfile` checks a cluster instead: `--hostfile N` on N hosts made as Linux namespaces of the machine
+verify runs on (`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hostfile FILE`
+on the hosts of a hostfile (`slurm`: the allocation's). It runs 1P2D with DE reads (every hit block relayed
 DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as `dualjax run --hostfile`
 launches; their tokens must equal the embedded reference's, and MPI must have moved the KV over the
 network (`over_network`: each rank shares memory only with ranks on its own host, and on namespaced
 hosts their links carried at least the KV bytes the hosts sent). On real hosts `--out` must be a
 directory rank 0's host shares with this one.
+
+It prints a line per run as it ends (`--quiet`: none) and the comparison's summary, one JSON object.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ RUNS = [
 ]
 QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded",
                                      "plans-layerwise-embedded")]
-# (name, cluster, policy, layerwise) of `--hosts`
+# (name, cluster, policy, layerwise) of `--hostfile`
 HOST_RUNS = [("de-layerwise-1p2d-hosts", "1p2d", "de-only", True),
              ("dualpath-layerwise-2p2d-hosts", "2p2d", "dualpath", True)]
 
@@ -113,28 +115,30 @@ def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bo
     return tokens_of(cfg.out)
 
 
-def _compare(result: dict, name: str, reference: dict, got: dict, note: str = "") -> None:
+def _compare(result: dict, name: str, reference: dict, got: dict, note: str = "", progress: bool = True) -> None:
     result["runs"].append(name)
     for key, want in reference.items():
         if got.get(key) != want:
             result["mismatches"].append({"run": name, "agent": key[0], "turn": key[1], "reference": want,
                                          "got": got.get(key)})
     ok = not any(m["run"] == name for m in result["mismatches"])
-    print(f"verify: {name}: {'ok' if ok else 'MISMATCH'}{note}", flush=True)
+    if progress:
+        print(f"verify: {name}: {'ok' if ok else 'MISMATCH'}{note}", flush=True)
 
 
 def verify(out: str, quick: bool = False, agents: int | None = None, turns: int | None = None,
-           model: str = "tiny", hosts: int | str | None = None) -> dict:
+           model: str = "tiny", hosts: int | str | None = None, progress: bool = True) -> dict:
     base = RunConfig(ClusterSpec(1, 1), model=model, workload="agentic-tiny",
                      agents=agents or (3 if quick else None), turns=turns or (4 if quick else None))
     t0 = time.time()
     reference = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", out)
     result = {"identical": True, "requests": len(reference), "runs": ["reference"], "mismatches": []}
     if hosts:
-        result["hosts"] = on_hosts(base, hosts, out, reference, result)
+        result["hosts"] = on_hosts(base, hosts, out, reference, result, progress)
     else:
         for name, cluster, policy, layerwise, launcher in (QUICK if quick else RUNS):
-            _compare(result, name, reference, run_one(base, name, cluster, policy, layerwise, launcher, out))
+            _compare(result, name, reference, run_one(base, name, cluster, policy, layerwise, launcher, out),
+                     progress=progress)
             if policy == PLAN_SWEEP:
                 result.setdefault("plans", {})[name] = plans_of(os.path.join(out, name), base.block_tokens)
     result["identical"] = not result["mismatches"]
@@ -170,7 +174,8 @@ def _host_run(name: str, cfg: RunConfig, run, net_bytes) -> dict:
     return got | {"over_network": over}
 
 
-def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, result: dict) -> dict:
+def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, result: dict,
+             progress: bool = True) -> dict:
     """HOST_RUNS across hosts, compared with `reference` into `result`: `hosts` namespaced hosts made
     here (`dualjax.runtime.netns`), or the hosts of a hostfile (or `slurm`), started by Hydra's
     launcher. Returns each run's `_host_run` (or why it was skipped: too few hosts). Raises
@@ -189,38 +194,39 @@ def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, resul
                 Placement.plan(cfg.cluster, nodes, source)
             except PlacementError as e:
                 runs[name] = {"skipped": str(e)}
-                print(f"verify: {name}: skipped ({e})", flush=True)
+                if progress:
+                    print(f"verify: {name}: skipped ({e})", flush=True)
                 continue
             got = runs[name] = _host_run(name, cfg, run, made.net_bytes if isinstance(hosts, int) else None)
             _compare(result, name, reference, tokens_of(cfg.out), f" (scheduler {got['scheduler']}; PE "
                      f"{', '.join(got['prefill'])}; DE {', '.join(got['decode'])}; over the network: "
-                     f"{'yes' if got['over_network'] else 'NO'})")
+                     f"{'yes' if got['over_network'] else 'NO'})", progress)
     return runs
 
 
 def hosts_arg(text: str | None) -> int | str | None:
-    """`--hosts`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`), whose hosts are read
+    """`--hostfile`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`), whose hosts are read
     now: a hostfile that lists none is refused before the reference runs."""
     from dualjax.runtime.placement import read_nodes
     if text is None:
         return text
     if not text.isdigit():
         if text != "slurm" and not os.path.isfile(text):
-            raise ConfigError(f"--hosts: {text} is neither a number of hosts nor a hostfile")
-        read_nodes(text, flag="--hosts")  # PlacementError (a ConfigError) naming what is wrong
+            raise ConfigError(f"--hostfile: {text} is neither a number of hosts nor a hostfile")
+        read_nodes(text)  # PlacementError (a ConfigError) naming what is wrong
         return text
     if int(text) < 2:
-        raise ConfigError(f"--hosts: at least 2 hosts, got {text}")
+        raise ConfigError(f"--hostfile: at least 2 hosts, got {text}")
     return int(text)
 
 
 def main(args) -> int:
     from dualjax.runtime.netns import NetnsError
     try:
-        result = verify(args.out, quick=args.quick, model=getattr(args, "model", "tiny"),
-                        hosts=hosts_arg(getattr(args, "hosts", None)))
+        result = verify(args.out, quick=args.quick, model=args.model, hosts=hosts_arg(args.hostfile),
+                        progress=not args.quiet)
     except NetnsError as e:
-        print(f"dualjax verify: error: --hosts: {e}", file=sys.stderr)
+        print(f"dualjax verify: error: --hostfile: {e}", file=sys.stderr)
         return 2
     if args.json:
         write_json(args.json, result)

@@ -4,9 +4,10 @@ Takes the flags of `dualjax run` (derived from `RunConfig`). The ranks first pla
 (`dualjax.runtime.preflight.join`: each rank's role follows its host, from `--hostfile` or the hosts
 the launcher used, never the launcher's rank order), take their devices and check that every host
 runs the same software and model and sees the same store; a refusal is one line from rank 0 and
-exit code 2 on every rank. Then rank 0 drives the workload and writes the outputs; the other
-ranks serve as prefill or decode hosts. Running through `python -m mpi4py` makes an uncaught
-exception on any rank abort the whole job instead of hanging it.
+exit code 2 on every rank. Then rank 0 drives the workload, writes the outputs and prints the
+run's summary line on stdout (`--quiet` drops only the progress: the placement line and the bar,
+on stderr); the other ranks serve as prefill or decode hosts. Running through `python -m mpi4py`
+makes an uncaught exception on any rank abort the whole job instead of hanging it.
 `launch.main` is the same entry point under the name users give their own `mpirun` or `srun`.
 """
 
@@ -22,7 +23,8 @@ def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, RunConfig)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress (the placement line and the bar); the "
+                   "summary line is printed as without it")
     return p
 
 
@@ -57,8 +59,8 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
     report = run_rank(transport, cfg, progress=progress, placement={**placement.report(), "ranks": devices})
     transport.close()
     comm.Barrier()
-    if report is not None and not args.quiet:
-        print(summary_line(report), file=sys.stderr)
+    if report is not None:  # the run's result, on stdout as `dualjax run --embedded` prints it; --quiet or not
+        print(summary_line(report), flush=True)
     return 0
 
 

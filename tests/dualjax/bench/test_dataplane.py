@@ -1,4 +1,4 @@
-"""`bench dataplane`: the keys other tools read, a budget that bounds its trials, and each path's
+"""`bench dataplane`: the keys other tools read, a wall-time bound on its trials, and each path's
 bound, the least time its own stages allow."""
 
 import pytest
@@ -8,16 +8,16 @@ from dualjax.bench import dataplane
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """One quick run with a spent budget: each run stops after `MIN_TRIALS` trials."""
+    """One quick run with a spent wall-time bound (--max-wall-s 0): each run stops after `MIN_TRIALS` trials."""
     tmp = tmp_path_factory.mktemp("dataplane")
-    result = dataplane.main(["--quick", "--budget-s", "0", "--json", str(tmp / "dp.json"),
+    result = dataplane.main(["--quick", "--max-wall-s", "0", "--json", str(tmp / "dp.json"),
                              "--plot", str(tmp / "dp.png")])
     return result, tmp
 
 
 @pytest.mark.slow
 def test_quick_keys(quick):
-    """The keys other tools read; a spent budget stops each run's trials after `MIN_TRIALS`
+    """The keys other tools read; a spent bound stops each run's trials after `MIN_TRIALS`
     (embedded, cold, and under mpiexec, where both ranks follow rank 0's clock)."""
     result, tmp = quick
     assert [result[run]["trials"] for run in ("embedded", "embedded_cold", "mpi")] == [dataplane.MIN_TRIALS] * 3

@@ -106,3 +106,57 @@ def test_bad_input_leaves_no_output_directory(tmp_path, capsys):
     (tmp_path / "kept").mkdir()
     assert main(argv[:-1] + [str(tmp_path / "kept")]) == 2
     assert (tmp_path / "kept").is_dir()  # a directory that was there before stays
+
+
+QUIET = [["demo"], ["run"], ["verify"], ["sim"], *(["bench", b] for b in BENCHES)]
+
+
+@pytest.mark.parametrize("argv", QUIET, ids=" ".join)
+def test_every_command_that_shows_progress_takes_quiet(argv, capsys):
+    """One flag turns progress off wherever there is progress to turn off."""
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0 and "--quiet" in capsys.readouterr().out
+
+
+def test_quiet_keeps_a_commands_progress_lines_off_and_log_level_still_decides():
+    """A benchmark's or calibration's progress is dualjax's INFO lines (`show_progress`): --quiet keeps them
+    off, an explicit --log-level wins over both."""
+    import logging
+
+    from dualjax.bench.common import show_progress
+    from dualjax.cli.parsing import set_log_level
+    log = logging.getLogger("dualjax")
+    try:
+        for level, quiet, want in ((None, False, logging.INFO), (None, True, logging.WARNING),
+                                   ("DEBUG", True, logging.DEBUG), ("ERROR", False, logging.ERROR)):
+            set_log_level(level, quiet)
+            show_progress()
+            assert log.getEffectiveLevel() == want, (level, quiet)
+    finally:
+        set_log_level(None)
+
+
+def test_verify_quiet_drops_the_line_per_run_not_the_comparison(capsys):
+    """`verify --quiet` prints no line per run; the mismatch is counted either way."""
+    from dualjax.cli.verify import _compare
+    for progress in (True, False):
+        result = {"runs": [], "mismatches": []}
+        _compare(result, "r", {(0, 0): [1, 2]}, {(0, 0): [1, 3]}, progress=progress)
+        assert len(result["mismatches"]) == 1
+        assert capsys.readouterr().out == ("verify: r: MISMATCH\n" if progress else "")
+
+
+@pytest.mark.slow
+def test_run_prints_its_summary_line_on_stdout_embedded_and_under_mpiexec_quiet_or_not(tmp_path, capfd):
+    """The run's result is one line on stdout however it was launched; --quiet drops progress, not it."""
+    import json
+
+    from dualjax.runtime.launch import summary_line
+    for launcher, quiet in ((["--embedded"], ["--quiet"]), ([], ["--quiet"]), ([], [])):
+        out = tmp_path / f"{'embedded' if launcher else 'mpiexec'}{'-quiet' if quiet else ''}"
+        assert main(["run", *launcher, *quiet, "--agents", "2", "--turns", "2", "--out", str(out)]) == 0
+        stdout, stderr = capfd.readouterr()
+        line = summary_line(json.load(open(out / "report.json")))  # the line, from the run's report
+        assert stdout.splitlines() == [line] and line not in stderr, (launcher, quiet, stdout, stderr[-2000:])
+
