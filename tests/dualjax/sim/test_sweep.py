@@ -139,6 +139,7 @@ def test_ranks_split_the_points_once_each_costliest_first():
     points = grid(["dualpath"], workloads=["paper-32k"], seeds=list(range(7)), agents=2) + \
         grid(["dualpath"], workloads=["paper-32k"], seeds=list(range(3)), agents=20)
     shares = [share(points, r, 3) for r in range(3)]
+    assert all([p.cost() for p in s] == sorted((p.cost() for p in s), reverse=True) for s in shares)
     ids = [p.id for s in shares for p in s]
     assert sorted(ids) == sorted(p.id for p in points)
     loads = [sum(p.cost() for p in s) for s in shares]
