@@ -22,6 +22,7 @@ imports no MPI).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -531,6 +532,8 @@ def run_tasks(tasks: list, out: str, jobs: int | None = None, progress: bool = T
         else:
             outcome.results[task.id] = result
             outcome.ran.append(task.id)
+            with contextlib.suppress(FileNotFoundError):  # an earlier sweep's failure of this point
+                os.remove(os.path.join(out, FAILED, f"{task.id}.txt"))
             if on_done:
                 on_done(task, result, wall, False)
         bar.update(1)
