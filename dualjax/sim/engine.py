@@ -14,8 +14,11 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
    the PE or DE buffer (a plan's recomputed tail is not read: it is prefill work); Basic waits on its
    PE for a batch to be formed and loaded (`prefill.py`);
 3. PEs step in groups and pack passes with the runtime's `batching.pack` (`prefill.py`);
-4. the prefill's KV goes to the DE buffer (all but the hit tokens the DE read itself),
-   then into the DE's HBM, and the DE decodes it in a continuous batch (`decode.py`).
+4. the prefill's KV goes to the DE buffer (all but the hit tokens the DE read itself); the first token
+   is the PE's, at its last pass's end. Once prefill has ended the KV moves into the DE's HBM, which
+   it takes then (prompt + generation tokens, until the last token), waiting in the DE buffer while
+   the HBM is full; the DE decodes it in a continuous batch (`decode.py`). What the scheduler counts
+   as a DE's free memory, `de_memory`: resident (the HBM held now) or reserved (from placement).
 
 Hits follow the runtime's store: a turn hits every full block of the agent's previous context
 (prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
@@ -115,7 +118,8 @@ class Simulation(PrefillSide, DecodeSide):
         self.groups: list[PeGroup] = []
         self.decoders: list[DecodeEngine] = []
         views = self._build(ep_groups(P, g, hw.ep_gpus), ep_groups(D, g, hw.ep_gpus))
-        self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive")
+        self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive",
+                                   de_memory=cfg.de_memory)
         self.waiting = Waiting()
         n = sum(len(a) for a in append)
         self.n_requests = n
@@ -171,7 +175,7 @@ class Simulation(PrefillSide, DecodeSide):
                             if mem <= 0:
                                 raise SimError(self._no_memory(size * g))
                             self.de_mem = max(self.de_mem, mem)
-                            e = DecodeEngine(rank, node, tx, rx, costs, size)
+                            e = DecodeEngine(rank, node, tx, rx, costs, size, mem)
                             self.decoders.append(e)
                             views.append(EngineView(rank, role, node.id, free_tokens=None if math.isinf(mem) else mem))
                         self.engines[rank] = e
@@ -304,11 +308,15 @@ class Simulation(PrefillSide, DecodeSide):
         sch = self.scheduler
         for d in sch.schedule(self.waiting):
             self._place(d)
-            i = sch.index[d.de]
-            if sch.free[i] != math.inf:  # the DE's KV memory taken, as a fraction (`link_summary`)
-                taken = sch.tokens[i] / (sch.tokens[i] + sch.free[i])
-                if taken > self.de_mem_peak:
-                    self.de_mem_peak = taken
+            self._note_de_memory(self.engines[d.de])
+
+    def _note_de_memory(self, de: DecodeEngine) -> None:
+        """The share of `de`'s KV memory the scheduler counts as taken (`de_memory`: reserved or resident),
+        for its peak (`link_summary`)."""
+        if de.kv_cap != math.inf:
+            taken = (de.kv_cap - self.scheduler.free[self.scheduler.index[de.rank]]) / de.kv_cap
+            if taken > self.de_mem_peak:
+                self.de_mem_peak = taken
 
     def _reads_done(self, key: tuple) -> None:
         """The reads of `reads_due` that end before `key` = (time, order), as an event would have, leave
