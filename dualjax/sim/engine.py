@@ -142,6 +142,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
         self.de_mem_peak = 0.0
+        self.attention_balance: list[tuple[float, float]] = []  # (start, max/avg attention time) per EP group pass
         self.decode_limit = hw.decode_batch or math.inf  # requests a DE's batch holds
         self.kv_priority = hw.kv_priority  # with it, KV queued on a DE's compute NIC re-times nothing
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
@@ -414,8 +415,9 @@ class Simulation(PrefillSide, DecodeSide):
         return out
 
     def pe_summary(self) -> dict:
-        """What the PEs did: rows per pass, passes, compute vs group time, and Basic's wait from its DE buffer's
-        room to the start of its load (its batch formed: the batches before it computed, memory freed)."""
+        """What the PEs did: rows per pass, passes, compute vs group time, Basic's wait from its DE buffer's
+        room to the start of its load (its batch formed: the batches before it computed, memory freed), and
+        the attention time's max/avg across the members of a group pass (`attention_summary`)."""
         pes = [e for e in self.engines.values() if isinstance(e, PrefillEngine)]
         passes, rows = sum(e.passes for e in pes), sum(e.rows_run for e in pes)
         busy, compute = sum(e.busy_s for e in pes), sum(e.compute_s for e in pes)
@@ -427,7 +429,21 @@ class Simulation(PrefillSide, DecodeSide):
                 "hbm_budget_gb": min(e.hbm.budget for e in pes) / 1e9,
                 "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
                 "load_wait_s": {"mean": float(wait.mean()) if wait.size else None,
-                                "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+                                "p99": float(np.percentile(wait, 99)) if wait.size else None},
+                "attention_max_over_avg": self.attention_summary(jct)}
+
+    def attention_summary(self, jct: float) -> dict:
+        """Intra-engine balance (docs/paper.md §10): per forward of an expert-parallel PE group of two or more
+        GPUs, the max over its members of their batches' predicted attention time (the quantity the compute
+        quota bounds) over the members' mean (a member without a batch: 0), averaged over the passes of the
+        run and over those that start in its first 5 % (`first_5pct`); None without such a pass."""
+        start = np.array([t for t, _ in self.attention_balance])
+        ratio = np.array([r for _, r in self.attention_balance])
+        t0 = float(np.nanmin(self.cols.arrival)) if len(self.cols.arrival) else 0.0
+        early = ratio[start < t0 + 0.05 * jct]
+        return {"mean": float(ratio.mean()) if ratio.size else None,
+                "p99": float(np.percentile(ratio, 99)) if ratio.size else None,
+                "first_5pct": float(early.mean()) if early.size else None, "passes": int(ratio.size)}
 
     def sim_summary(self) -> dict:
         """Per role: the buffers' peak over the run against their budget (GB, the busiest node's; 0: no
