@@ -29,10 +29,12 @@ import statistics
 import time
 
 from dualjax.bench.common import emit, show_progress
+from dualjax.cli.parsing import quiet_flag
 from dualjax.core.config import ClusterSpec, ConfigError, SimConfig, number
+from dualjax.core.paths import local_profile
 from dualjax.outputs import output_dir, output_file, unwritable_file
 from dualjax.sim import simulate
-from dualjax.sim.profiles import DEFAULT_LOCAL, get_hardware
+from dualjax.sim.profiles import get_hardware
 from dualjax.sim.resources import PassTable
 
 log = logging.getLogger("dualjax.cli.validate")
@@ -51,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default="runs/sim-validate", type=output_dir,
                    help="the real runs' and the simulations' outputs, and the e2e benchmark's JSON (e2e.json: "
                    "--real reads it again) (default runs/sim-validate)")
-    p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
-                   "calibrated first when missing)")
+    p.add_argument("--hardware", metavar="FILE", help="the `local` profile this machine's runs are simulated on "
+                   "(default: the one `dualjax calibrate` writes, `--hardware local`; calibrated first when missing)")
+    quiet_flag(p)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the profile again first, under the load the real runs will see (this machine's "
                    "speed can change several-fold between a calibration and a later run)")
@@ -67,23 +70,24 @@ def main(argv=None, args=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = args if args is not None else p.parse_args(argv)
-    show_progress()
+    args.hardware = args.hardware or local_profile()
+    show_progress()  # unless --quiet (`parsing.set_log_level`)
     t0 = time.time()
     real = _load_real(p, args.real) if args.real else None
     if real is None and args.max_wall_s <= SIM_RESERVE_S:
         p.error(f"--max-wall-s {args.max_wall_s:g} leaves no time for the e2e benchmark ({SIM_RESERVE_S:g} s are "
                 "kept for the simulations)")
-    if args.recalibrate or not os.path.exists(args.profile):  # first, so that its time is known, not guessed
-        if why := unwritable_file(args.profile):
-            p.error(f"--profile: {why}")
+    if args.recalibrate or not os.path.exists(args.hardware):  # first, so that its time is known, not guessed
+        if why := unwritable_file(args.hardware):
+            p.error(f"--hardware: {why}")
         _calibrate(args, real)
-    hw = get_hardware(args.profile)  # a bad profile is bad input now, not after the e2e benchmark
+    hw = get_hardware(args.hardware)  # a bad profile is bad input now, not after the e2e benchmark
     if real is None:
         from dualjax.bench import e2e
         left = args.max_wall_s - (time.time() - t0) - SIM_RESERVE_S
         if left <= 0:
             raise ConfigError(f"calibrating took {time.time() - t0:.0f} s of --max-wall-s {args.max_wall_s:g}, leaving "
-                              f"none for the e2e benchmark; the profile is written to {args.profile}: run again")
+                              f"none for the e2e benchmark; the profile is written to {args.hardware}: run again")
         real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(left),
                          "--json", os.path.join(args.out, "e2e.json")] +
                         (["--quick"] if args.quick else []) +
@@ -249,15 +253,15 @@ def _unreadable_runs(real: dict) -> str | None:
 
 
 def _calibrate(args, real: dict | None) -> None:
-    """Measure the profile at `args.profile` for the e2e runs (`real`, or the ones about to run): on
+    """Measure the profile at `args.hardware` for the e2e runs (`real`, or the ones about to run): on
     their model and workload, over the shapes their agents and turns reach; quick (fewer timings)
     for the --quick set, whose runs are small."""
     from dualjax.bench.e2e import QUICK_AGENTS, QUICK_TURNS
     from dualjax.cli.calibrate import calibrate
     quick = real.get("quick", False) if real else args.quick
-    log.info("calibrating (%s%s)", args.profile, ", quick" if quick else "")
+    log.info("calibrating (%s%s)", args.hardware, ", quick" if quick else "")
     calibrate(real.get("model", "small") if real else "small", real["workload"] if real else "agentic-e2e",
-              store_dir=os.path.join(args.out, "calibrate-store"), path=args.profile,
+              store_dir=os.path.join(args.out, "calibrate-store"), path=args.hardware,
               agents=real.get("agents") if real else (QUICK_AGENTS if quick else None),
               turns=real.get("turns") if real else (QUICK_TURNS if quick else None), quick=quick)
 

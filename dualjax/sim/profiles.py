@@ -24,6 +24,8 @@ import json
 import math
 import os
 
+from dualjax.core.paths import local_profile
+
 GB = 1e9
 
 
@@ -81,28 +83,17 @@ class ModelCost:
 
 
 def model_cost(name: str, gpus_per_weight_copy: int = 1) -> ModelCost:
-    """The cost model of a preset, derived from its config (`models.costs`)."""
-    from models.costs import cost_terms
-    from models.deepseek.config import PRESETS as DEEPSEEK_PRESETS
-    from models.deepseek.costs import expert_param_count, param_count
-    if name in DEEPSEEK_PRESETS:
-        # Production layout (../shared/traces/README.md §4): FP8 cache, 656 B of latent + RoPE key per token per
-        # layer and 132 B of indexer key (V3.2), and FP8 weights (1 B per parameter).
-        cfg = DEEPSEEK_PRESETS[name].replace(kv_cache_dtype="fp8")
-        t, experts = cost_terms(cfg), expert_param_count(cfg)
-        return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, float(t.linear_flops), t.attn_flops, t.window,
-                         t.indexer_flops, t.indexer_bytes_per_token,
-                         weight_bytes_per_gpu=param_count(cfg) - experts, expert_weight_bytes=experts,
-                         # EP per token and MoE layer: top-k experts x d_model, FP8 dispatch (1 B) + BF16
-                         # combine (2 B) (DeepSeek-V3 report §3.4)
-                         ep_bytes_per_token=float((cfg.n_layers - cfg.first_k_dense_replace) * cfg.n_experts_per_tok
-                                                  * cfg.d_model * 3),
-                         moe_layers=cfg.n_layers - cfg.first_k_dense_replace)
-    import models
-    cfg = models.get_config(name)
-    t = cost_terms(cfg)
-    return ModelCost(name, cfg.n_layers, t.kv_bytes_per_token, float(t.linear_flops), t.attn_flops,
-                     weight_bytes_per_gpu=models.param_bytes(cfg) / gpus_per_weight_copy)
+    """The cost model of a preset as its family serves it (`models.costs.serving_costs`, from the family's
+    own `costs.py`: the served cache layout, FLOPs, weight and routed-expert bytes, expert-parallel traffic)."""
+    from models.costs import serving_costs
+    from models.presets import get_config
+    s = serving_costs(get_config(name))
+    t = s.terms
+    return ModelCost(name, s.config.n_layers, t.kv_bytes_per_token, float(t.linear_flops), t.attn_flops, t.window,
+                     t.indexer_flops, t.indexer_bytes_per_token,
+                     weight_bytes_per_gpu=s.weight_bytes / gpus_per_weight_copy,
+                     expert_weight_bytes=s.expert_weight_bytes, ep_bytes_per_token=s.ep_bytes_per_token,
+                     moe_layers=s.moe_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +221,6 @@ def oracle_of(hw: Hardware) -> Hardware:
 PAPER_H800 = fitted(PAPER_H800_BASE, read_fit(PAPER_FIT)) if os.path.exists(PAPER_FIT) else PAPER_H800_BASE
 ORACLE = oracle_of(PAPER_H800)
 
-DEFAULT_LOCAL = os.path.join("runs", "calibrate", "local.json")
-
-
 def get_hardware(name: str) -> Hardware:
     """`paper-h800`, `oracle`, `local` (the profile `dualjax calibrate` wrote), a profile JSON path, or a fit
     file of `dualjax sim fit` (paper-h800 with its values)."""
@@ -240,7 +228,7 @@ def get_hardware(name: str) -> Hardware:
         return PAPER_H800
     if name == "oracle":
         return ORACLE
-    path = DEFAULT_LOCAL if name == "local" else name
+    path = local_profile() if name == "local" else name
     if not os.path.exists(path):
         hint = ("run `dualjax calibrate` first" if name == "local"
                 else "profiles: paper-h800, oracle, local, or a JSON file")

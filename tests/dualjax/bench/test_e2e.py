@@ -14,7 +14,7 @@ def quick(tmp_path_factory):
     """The benchmark's quick run, and the simulator on this machine's calibrated profile against it."""
     tmp = tmp_path_factory.mktemp("e2e")
     result = e2e.main(["--quick", "--out", str(tmp / "e2e"), "--json", str(tmp / "e2e.json")])
-    v = validate(["--real", str(tmp / "e2e.json"), "--profile", str(tmp / "local.json"),
+    v = validate(["--real", str(tmp / "e2e.json"), "--hardware", str(tmp / "local.json"),
                   "--out", str(tmp / "validate")])
     return result, v, tmp
 

@@ -57,7 +57,7 @@ def test_real_of_another_shape(tmp_path, capsys, jct, message):
     real.write_text(json.dumps({"workload": "agentic-e2e", "jct_s": jct, "speedup": {}, "cap_mbps": 100.0,
                                 "control_uncapped_jct_s": 3.0}))
     with pytest.raises(SystemExit) as e:
-        cli.main(["sim", "validate", "--profile", PAPER_FIT, "--real", str(real), "--out", str(tmp_path / "v")])
+        cli.main(["sim", "validate", "--hardware", PAPER_FIT, "--real", str(real), "--out", str(tmp_path / "v")])
     assert e.value.code == 2 and "is not a `dualjax bench e2e --json` result" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["e2e.json"]
 

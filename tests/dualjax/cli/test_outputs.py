@@ -196,8 +196,6 @@ def test_calibrate_writes_the_local_profile_to_the_per_user_home_and_nothing_els
     assert os.listdir(tmp_path / "home") == ["local.json"]
 
 
-@pytest.mark.xfail(strict=True, reason="dualjax/sim/profiles.py still reads runs/calibrate/local.json: its "
-                   "get_hardware must read dualjax.core.paths.local_profile() (then drop this mark)")
 def test_hardware_local_is_the_per_user_profile_from_any_working_directory(tmp_path, monkeypatch):
     """`--hardware local` reads the profile `dualjax calibrate` wrote (`local_profile()`), wherever the
     command starts: a sweep started from a policy's folder finds it."""
