@@ -300,6 +300,6 @@ class SimConfig(Settings):
     model: str = setting("deepseek-v3.2", "deepseek-v3.2 or a model preset")
     workload: str = setting("paper-64k", "a workload preset, a trajectory file *.jsonl, "
                             "mooncake:PATH[:LIMIT[:LENGTH_SCALE]] or sessions:PATH[:LIMIT[:LENGTH_SCALE]]")
-    hardware: str = setting("paper-h800", "paper-h800, oracle, local (from `dualjax calibrate`) or a profile JSON "
-                            "file")
+    hardware: str = setting("paper-h800", "paper-h800, paper-h800-157 (fitted on paper-64k-157), oracle, local "
+                            "(from `dualjax calibrate`) or a profile JSON file")
     window_s: float = setting(1.0, "storage-NIC balance and bandwidth plot window, s", cli=False)

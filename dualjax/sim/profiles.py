@@ -7,6 +7,8 @@ and decode limits. Profiles:
 * `paper-h800`: the paper's testbed (docs/paper.md §2, §12): 8 GPUs per node, 400 Gbps CNIC per GPU,
   one 400 Gbps storage NIC and 80 GB PE/DE buffers per node; compute from model FLOPs at a fraction of
   H800 peak. Three inputs are fitted by `dualjax sim fit` (`PAPER_FIT`); docs/simulator.md lists all.
+* `paper-h800-157`: the same machine with the three inputs fitted to the same figures on `paper-64k-157`
+  (Table 2 read per trajectory, docs/workloads.md; `PAPER_FIT_157`), to run with that workload.
 * `oracle`: the same GPUs with every storage read, host <-> device copy and P -> D transfer free and no
   host buffers (`free_io`; the paper's upper bound); model traffic keeps its compute NICs.
 * `local`: written by `dualjax calibrate` (measured prefill/decode timings, store read rate,
@@ -190,6 +192,8 @@ PAPER_H800_BASE = Hardware(
 
 FITTED = ("snic_efficiency", "efficiency", "prefill_half_tokens")
 PAPER_FIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_h800_fit.json")
+# The same three inputs fitted to the same figures with Table 2 read per trajectory (`paper-64k-157`)
+PAPER_FIT_157 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_h800_157_fit.json")
 
 
 def read_fit(path: str) -> dict:
@@ -220,6 +224,7 @@ def oracle_of(hw: Hardware) -> Hardware:
 
 PAPER_H800 = fitted(PAPER_H800_BASE, read_fit(PAPER_FIT)) if os.path.exists(PAPER_FIT) else PAPER_H800_BASE
 ORACLE = oracle_of(PAPER_H800)
+PAPER_H800_157 = dataclasses.replace(fitted(PAPER_H800_BASE, read_fit(PAPER_FIT_157)), name="paper-h800-157")
 
 def get_hardware(name: str) -> Hardware:
     """`paper-h800`, `oracle`, `local` (the profile `dualjax calibrate` wrote), a profile JSON path, or a fit
@@ -228,10 +233,12 @@ def get_hardware(name: str) -> Hardware:
         return PAPER_H800
     if name == "oracle":
         return ORACLE
+    if name == "paper-h800-157":
+        return PAPER_H800_157
     path = local_profile() if name == "local" else name
     if not os.path.exists(path):
         hint = ("run `dualjax calibrate` first" if name == "local"
-                else "profiles: paper-h800, oracle, local, or a JSON file")
+                else "profiles: paper-h800, paper-h800-157, oracle, local, or a JSON file")
         raise ProfileError(f"no hardware profile {name!r} ({path} missing): {hint}")
     try:
         with open(path) as f:

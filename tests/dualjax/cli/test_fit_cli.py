@@ -30,3 +30,17 @@ def test_physical_reads_the_packaged_fit_against_its_line_and_3fs():
     assert abs(ph["snic_gbs_per_node"] - snic / 1e9) < 1e-9
     assert abs(ph["snic_over_threefs_peak"] - snic / THREEFS_CLIENT_PEAK_BYTES_PER_S) < 1e-12
     assert ph["compute_fraction_of_bf16_peak"] == fitted["efficiency"]
+
+
+def test_the_per_trajectory_fit_is_a_named_profile():
+    """`paper-h800-157` is paper-h800's machine with the inputs its packaged fit file holds (fitted on
+    paper-64k-157): every other input equal, the three fitted ones the file's."""
+    import dataclasses
+
+    from dualjax.sim.profiles import FITTED, PAPER_FIT_157, PAPER_H800
+    fit = json.load(open(PAPER_FIT_157))
+    hw = get_hardware("paper-h800-157")
+    assert hw.name == "paper-h800-157" and fit["point"]["workload"] == "paper-64k-157"
+    assert {k: getattr(hw, k) for k in FITTED} == fit["fitted"]
+    same = {f.name for f in dataclasses.fields(hw)} - set(FITTED) - {"name", "notes"}
+    assert all(getattr(hw, k) == getattr(PAPER_H800, k) for k in same)
