@@ -228,6 +228,9 @@ class Scheduler:
         self._in_heads: list[int | None] = [None] * len(self.groups)
         self._pending: set[int] = set()
         self._rr = [0, 0]  # naive: next PE, next DE (round robin)
+        # rounds with requests waiting that the PE rule ended (every PE over beta), and rounds in which the DE
+        # rule refused a request (no DE of its group with memory for it): what holds requests in the queue
+        self.stops = {"pe_rule": 0, "de_rule": 0}
         self.de_list = [i for i, r in enumerate(self.roles) if r == "decode"]
 
     # -- state -------------------------------------------------------------------------------------
@@ -322,8 +325,10 @@ class Scheduler:
             self._push_head(g)
         self._pending.clear()
         if not self._pe_open and not self._overrides:  # every PE over beta: the first head would stop the round
+            if waiting:
+                self.stops["pe_rule"] += 1
             return []
-        out, heads, pe = [], self._heads, None  # pe: pick_pe's answer until the state changes (it ignores r)
+        out, heads, pe, refused = [], self._heads, None, False  # pe: pick_pe's answer until the state changes
         while heads:
             g = heads[0] % _GROUP_SLOT
             if self._in_heads[g] != heads[0]:  # an old entry of a group placed or blocked since
@@ -335,11 +340,13 @@ class Scheduler:
             if not forced and pe is None:
                 pe = self.pick_pe(r)
                 if pe is None:
+                    self.stops["pe_rule"] += 1
                     break
             heapq.heappop(heads)
             self._in_heads[g] = None
             de = forced[1] if forced else self.pick_de(r, queue, g)
             if de is None:  # blocked until one of its DEs changes (`update`)
+                refused = True
                 continue
             waiting.discard(r)
             queue.popleft()
@@ -347,6 +354,8 @@ class Scheduler:
             out.append(self._decide(r, forced[0] if forced else pe, de, g))
             pe = None
             self._push_head(g)
+        if refused:
+            self.stops["de_rule"] += 1
         return out
 
     def _push_head(self, g: int) -> None:
@@ -402,6 +411,7 @@ class Scheduler:
                 k = next((k for k in range(n_de) if self.free[self.de_list[(self._rr[1] + k) % n_de]]
                           >= r.total_tokens), None)
                 if k is None:
+                    self.stops["de_rule"] += 1
                     break
                 de = self.ranks[self.de_list[(self._rr[1] + k) % n_de]]
                 self._rr = [self._rr[0] + 1, self._rr[1] + k + 1]

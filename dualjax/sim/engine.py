@@ -460,8 +460,12 @@ class Simulation(PrefillSide, DecodeSide):
     def link_summary(self) -> dict:
         """Busy fraction of each kind of resource over the run (the busiest one of its kind), by role: the
         storage NICs, host DRAM, compute NICs' tx and rx (KV traffic), and PE compute; and the peak share
-        of a DE's KV memory in use and the mean wait for placement. `binding`: the busiest, or `de_memory_peak`
-        when a DE's memory filled while requests waited over a second on average to be placed."""
+        of a DE's KV memory in use and the mean wait for placement. `placement_stops`: the scheduler's rounds
+        that the PE rule ended and those in which the DE rule refused a request (`Scheduler.stops`).
+        `pe_beta`: the PE rule's share of those rounds. `binding`: the busiest; when requests waited over a
+        second on average to be placed, `de_memory_peak` if a DE's memory filled and the DE rule refused in
+        more rounds than the PE rule ended, `pe_beta` if the PE rule (every PE over beta) ended at least as
+        many."""
         jct = float(np.nanmax(self.cols.done) - np.nanmin(self.cols.arrival)) or 1.0
         out = {}
         for role in ("prefill", "decode"):
@@ -476,8 +480,15 @@ class Simulation(PrefillSide, DecodeSide):
         out["de_memory_peak"] = self.de_mem_peak  # a peak, not a busy fraction: full means requests wait for it
         out["queue_wait_s"] = float(np.nanmean(self.cols.scheduled - self.cols.arrival))
         out["binding"] = max((k for k in out if k not in ("de_memory_peak", "queue_wait_s")), key=out.get)
-        if self.de_mem_peak > 0.99 and out["queue_wait_s"] > 1.0:  # requests wait in the queue for DE memory
-            out["binding"] = "de_memory_peak"
+        stops = self.scheduler.stops
+        held = stops["pe_rule"] + stops["de_rule"]
+        out["pe_beta"] = stops["pe_rule"] / held if held else 0.0  # a share of the rounds that held requests back
+        out["placement_stops"] = dict(stops)
+        if out["queue_wait_s"] > 1.0:  # requests wait in the queue: for DE memory, or for a PE under beta
+            if self.de_mem_peak > 0.99 and stops["de_rule"] > stops["pe_rule"]:
+                out["binding"] = "de_memory_peak"
+            elif stops["pe_rule"] >= stops["de_rule"]:
+                out["binding"] = "pe_beta"
         return out
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -339,3 +339,19 @@ def test_resident_memory_stops_placement_once_the_kv_in_memory_fills_it():
     assert SimConfig().de_memory == RunConfig().de_memory == "resident"
     with pytest.raises(ConfigError, match="de_memory"):
         SimConfig(de_memory="pinned")
+
+
+def test_the_scheduler_counts_which_rule_holds_requests_back():
+    """`stops`: rounds the PE rule ended (every PE over beta) with requests waiting, and rounds in which the
+    DE rule refused a request: what the simulator's report names as binding."""
+    sch = S(pe(1, tokens=6000), de(2, free=5000))  # the PE is over beta (5,000)
+    waiting = Waiting([req(0)])
+    assert sch.schedule(waiting) == [] and sch.stops == {"pe_rule": 1, "de_rule": 0}
+    sch.update(1, 0, -6000)  # the PE is free; the DE has memory for one request of 1,100 tokens of four
+    for i in range(1, 4):
+        waiting.append(req(i, prompt=1000, gen=100))
+    sch.update(2, 0, 0, memory=5000 - 1100)
+    assert [d.request.id for d in sch.schedule(waiting)] == [0]
+    assert sch.stops == {"pe_rule": 1, "de_rule": 1}
+    # nothing changed: the blocked group sits out the next round without another refusal
+    assert sch.schedule(waiting) == [] and sch.stops == {"pe_rule": 1, "de_rule": 1}

@@ -54,3 +54,13 @@ def test_every_de_gets_all_its_memory_back(de_memory):
         assert de.kv_free == de.kv_cap and not de.kv_wait
         assert sch.free[sch.index[de.rank]] == de.kv_cap and sch.tokens[sch.index[de.rank]] == 0
     assert sim.link_summary()["de_memory_peak"] <= 1.0
+
+
+def test_the_report_names_the_rule_that_holds_requests_in_the_queue():
+    """256 agents on 2P2D wait seconds for placement while DE memory is far from full: every round that held
+    requests back ended at the PE rule (every PE over beta), so the report names `pe_beta`, not DE memory."""
+    sim = build(SimConfig(ClusterSpec(2, 2), workload="paper-64k", agents=256, turns=6), progress=False).run()
+    u = sim.link_summary()
+    assert u["queue_wait_s"] > 1.0 and u["de_memory_peak"] < 0.99
+    assert u["placement_stops"]["pe_rule"] > 0 == u["placement_stops"]["de_rule"]
+    assert u["pe_beta"] == 1.0 and u["binding"] == "pe_beta"
