@@ -143,6 +143,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.dirty, self.completed = False, 0
         self.de_mem_peak = 0.0
         self.attention_balance: list[tuple[float, float]] = []  # (start, max/avg attention time) per EP group pass
+        self.quota_cuts: list[tuple[float, bool]] = []  # (start, the quota cut a member's batch) per group pass
         self.decode_limit = hw.decode_batch or math.inf  # requests a DE's batch holds
         self.kv_priority = hw.kv_priority  # with it, KV queued on a DE's compute NIC re-times nothing
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
@@ -430,7 +431,18 @@ class Simulation(PrefillSide, DecodeSide):
                 "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
                 "load_wait_s": {"mean": float(wait.mean()) if wait.size else None,
                                 "p99": float(np.percentile(wait, 99)) if wait.size else None},
-                "attention_max_over_avg": self.attention_summary(jct)}
+                "attention_max_over_avg": self.attention_summary(jct), "quota_cut": self.quota_summary(jct)}
+
+    def quota_summary(self, jct: float) -> dict:
+        """Whether the compute quota binds: the share of layerwise group passes in which it cut a member's
+        batch (a ready row left out, or chunked below what it had left), over the run and over the passes
+        that start in its first 5 %; None without the quota (naive) or layerwise passes."""
+        start = np.array([t for t, _ in self.quota_cuts])
+        cut = np.array([c for _, c in self.quota_cuts], bool)
+        t0 = float(np.nanmin(self.cols.arrival)) if len(self.cols.arrival) else 0.0
+        early = cut[start < t0 + 0.05 * jct]
+        return {"share": float(cut.mean()) if cut.size else None,
+                "first_5pct": float(early.mean()) if early.size else None, "passes": int(cut.size)}
 
     def attention_summary(self, jct: float) -> dict:
         """Intra-engine balance (docs/paper.md §10): per forward of an expert-parallel PE group of two or more

@@ -55,10 +55,12 @@ class Row:
 
 
 class PrefillEngine:
-    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "compute_s", "passes", "rows_run", "batches")
+    __slots__ = ("rank", "node", "tx", "rx", "rows", "group", "hbm", "compute_s", "passes", "rows_run", "batches",
+                 "cut")
 
     def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, hbm: Buffer):
         self.rank, self.node, self.tx, self.rx, self.hbm, self.rows = rank, node, tx, rx, hbm, []
+        self.cut = False  # its last plan was cut by the compute quota (a ready row left out or chunked)
         self.group = None
         self.compute_s = 0.0
         self.passes = self.rows_run = 0
@@ -97,6 +99,13 @@ def _ready(rows: list[Row], now: float, floor_bytes: float, budget: float):
         first = False
 
 
+def _counted(rows, seen: list):
+    """`rows`, counting in seen[0] those taken."""
+    for r in rows:
+        seen[0] += 1
+        yield r
+
+
 def _unbatched(rows: list[Row]):
     """Basic: the placed rows whose DE buffer has room and that no batch holds, in FIFO order."""
     for r in rows:
@@ -128,8 +137,13 @@ class PrefillSide:
                 return pe.batches[0]
             return []
         L, held = self.model.n_layers, self.cfg.layerwise_layers
-        rows = _ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget)
-        plan = fit_memory(self._pack(rows), pe.hbm.budget, self.kvb, held, L)
+        seen = [0]
+        rows = _counted(_ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget), seen)
+        packed = self._pack(rows)
+        if packed and self.cfg.scheduler != "naive":  # `pack` stops early only at the quota
+            w, n = packed[-1]
+            pe.cut = seen[0] > len(packed) or n < min(w.remaining, self.cfg.prefill_chunk)
+        plan = fit_memory(packed, pe.hbm.budget, self.kvb, held, L)
         peak = sum(w.cached + n for w, n in plan) * self.kvb * held / L
         if peak > pe.hbm.peak:
             pe.hbm.peak = peak
@@ -203,6 +217,8 @@ class PrefillSide:
         if not plans:
             return
         now, end, outputs = self.now, self.now, []
+        if self.layerwise and self.cfg.scheduler != "naive":  # did the quota cut any member's batch?
+            self.quota_cuts.append((now, any(pe.cut for pe, _ in plans)))
         if len(g.members) > 1:  # intra-engine balance: max / mean of the members' attention time (none: 0)
             attention = self.costs.attention
             times = [sum(attention(w.cached, n) for w, n in kept) for _, kept in plans]

@@ -43,3 +43,21 @@ def test_engines_that_step_alone_have_no_group_balance():
     sim = Simulation(cfg, dataclasses.replace(TOY_HW, prefill_fit=(1e-6, 1e-3, 0.0)), TOY_MODEL, [np.array([100])],
                      [np.array([3])], np.zeros(1), progress=False).run()
     assert sim.pe_summary()["attention_max_over_avg"] == {"mean": None, "p99": None, "first_5pct": None, "passes": 0}
+
+
+def test_the_share_of_passes_the_quota_cuts_by_hand():
+    # One PE, ragged passes, attention 1e-6 x new x (cached + new / 2) over 4 layers: a row of 200 new tokens
+    # is 5 ms of one layer's attention. Three agents at 0: the first placement starts a pass of agent 0 alone;
+    # agents 1 and 2 share the next. A 12 ms quota takes both (10 ms): no pass cut. An 8 ms quota takes agent 1
+    # and chunks agent 2 (its first 154 tokens: 5 + 2.96 ms), whose other 46 go alone: one cut of three.
+    def cuts(quota_ms: float) -> list[bool]:
+        cfg = SimConfig(ClusterSpec(1, 1), hardware="toy", model="toy", policy="dualpath", compute_quota_ms=quota_ms)
+        sim = Simulation(cfg, dataclasses.replace(TOY_HW, padded=False, prefill_fit=(1e-6, 1e-3, 0.0)), TOY_MODEL,
+                         [np.array([200])] * 3, [np.array([3])] * 3, np.zeros(3), progress=False).run()
+        summary = sim.pe_summary()["quota_cut"]
+        assert summary["passes"] == len(sim.quota_cuts)
+        assert summary["share"] == pytest.approx(np.mean([c for _, c in sim.quota_cuts]))
+        return [c for _, c in sim.quota_cuts]
+
+    assert cuts(12.0) == [False, False]
+    assert cuts(8.0) == [False, True, False]
