@@ -164,7 +164,9 @@ def de_memory(cfg: SimConfig, nodes: int, hardware: Hardware | None = None) -> D
     what the simulator itself uses: each split's decode GPUs hold `Costs.de_memory_tokens` tokens (HBM less
     the weights under their expert-parallel group, `engine.ep_groups`, and the reserve, over the KV and
     indexer bytes per token); every agent has one request in flight, holding its prompt + generation tokens
-    of DE memory, so the demand is agents x the workload's mean prompt + generation over its requests."""
+    of DE memory, so the demand is agents x the workload's mean prompt + generation over its requests. That
+    is DE memory as `de_memory=reserved` counts it (taken at placement); under `resident` a DE holds only the
+    KV of requests in decode, so the demand here is an upper bound and the constraint a conservative one."""
     if cfg.aps is not None:
         raise SimError("the DE-memory constraint counts the agents of an offline run; online (--aps) the requests "
                        "in flight depend on the arrival rate")

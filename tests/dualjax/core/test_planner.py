@@ -82,7 +82,8 @@ def test_de_memory_of_a_simulated_cluster_is_what_its_gpus_hold():
 def test_a_split_the_planner_says_memory_breaks_is_memory_bound_in_the_simulator():
     # DE GPUs that hold 26k tokens each (EP over 16 GPUs): 2 decode nodes hold 416k tokens, about half the
     # KV in flight of 128 agents; 3 decode nodes (EP over 24 GPUs, lighter weights per GPU) hold far more.
-    cfg = SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=128, turns=3)
+    # The planner counts DE memory reserved from placement (`search.de_memory`): the simulator the same way.
+    cfg = SimConfig(ClusterSpec(1, 1), workload="paper-32k", agents=128, turns=3, de_memory="reserved")
     m = model_cost(cfg.model)
     hw = dataclasses.replace(PAPER_H800, hbm_bytes=m.weights_per_gpu(16) + 10e9 + 26_000 * m.cache_bytes_per_token)
     mem = de_memory(cfg, 5, hw)
