@@ -11,12 +11,13 @@ A read fetches the Full Blocks of one request into a host buffer, either block-m
 **layer-major** (layer 0 of every block, then layer 1, ...): the same bytes, but layerwise
 prefill can start computing layer l as soon as `ticket.wait_layer(l)` returns.
 
-A read may carry a **deadline** (a time of the NIC's clock): from then on it issues no further
-reads, a piece delivered after it is dropped (its read task is waited for, so nothing writes into
-the buffer once the ticket is done, and the store's pins are released as usual; nothing is marked
-bad), and `valid` counts the leading blocks of which every layer came in time. A layer-major read
-completes a block only in its last layer's sweep, so one cut before that keeps no block. An emulated
-link is held until the deadline (the piece in flight then is lost) and frees after it.
+A read may carry a **deadline** (a time of the NIC's clock). It then goes block-major, whole blocks
+in prefix order (one a read on a capped link), so that what the deadline keeps is a prefix of whole
+blocks; its layers are all ready when it ends or is cut. From the deadline on it issues no further
+reads, a read that comes in after it is dropped (its task is waited for, so nothing writes into the
+buffer once the ticket is done; the store's pins are released as usual and nothing is marked bad),
+and `valid` counts the leading blocks that came in time. An emulated link is held until the
+deadline (the block in flight then is lost) and frees after it.
 """
 
 from __future__ import annotations
@@ -214,8 +215,11 @@ class StorageNIC:
         # layer's Layer Blocks are short reads a block apart (3.3x as long for `small` on a virtual disk). Its
         # layers are then all ready at the end, no sooner. Capped, the emulated link's order stays.
         try:
-            layer_major = t.layer_major and (self.cap is not None or not reads.cold())
-            batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes, layer_major)
+            layer_major = t.layer_major and (self.cap is not None or not reads.cold()) and deadline is None
+            size = min(self.batch_bytes, _CAPPED_BATCH) if self.cap or deadline is not None else self.batch_bytes
+            if deadline is not None and self.cap:  # whole blocks, one a read: the deadline keeps each one in
+                size = layout.block_bytes
+            batches = t._batches(size, layer_major)
             for i, (b0, b1, layers) in enumerate(batches):
                 good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
                 if not cut and deadline is not None and good > b0 and self.clock() >= deadline:
