@@ -58,3 +58,25 @@ def test_an_abandoned_read_gives_the_reference_tokens_and_leaves_nothing_held(tm
     store = open_store(BASE.replace(out=str(tmp_path / "run")))
     hashes = store.hashes()
     assert hashes and all(r.result() is not None for r in store.get(hashes))  # every block reads back, verified
+
+
+def _verify_runs(tmp_path, launcher):
+    from dualjax.cli.verify import RUNS, deadlines_of, run_one
+    from dualjax.core.config import RunConfig
+    base = RunConfig(BASE.cluster, model="tiny", workload="agentic-tiny", agents=3, turns=4)
+    want = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", str(tmp_path))
+    runs = [r for r in RUNS if r[0].startswith("deadlines-") and r[4] == launcher]
+    assert runs
+    for name, cluster, policy, layerwise, _ in runs:
+        assert run_one(base, name, cluster, policy, layerwise, launcher, str(tmp_path)) == want, name
+        kept = deadlines_of(str(tmp_path / name))
+        assert kept["none"] and kept["part"] and kept["all"], kept  # fired before, during and after reads
+
+
+def test_verify_deadline_runs_fire_before_during_and_after_reads_embedded(tmp_path):
+    _verify_runs(tmp_path, "embedded")
+
+
+@pytest.mark.slow
+def test_verify_deadline_runs_fire_before_during_and_after_reads_under_mpiexec(tmp_path):
+    _verify_runs(tmp_path, "mpiexec")
