@@ -61,7 +61,8 @@ class Plan:
     recompute_tokens: int = 0
     deadline_s: float | None = None
 
-    def __repr__(self) -> str:  # a plan without a deadline reads as before deadlines existed
+    def show(self) -> str:
+        """The plan as a policy author wrote it: without `deadline_s` when it has none."""
         tail = "" if self.deadline_s is None else f", deadline_s={self.deadline_s!r}"
         return f"Plan(de_tokens={self.de_tokens!r}, recompute_tokens={self.recompute_tokens!r}{tail})"
 
@@ -112,7 +113,7 @@ def as_plan(choice, request, policy) -> tuple[Plan, str]:
         raise PolicyError(f"policy {policy.name!r} chose path {choice!r} for request {request.id}; "
                           f"a path is 'pe', 'de' or a Plan")
     if (why := choice.problem(request)) is not None:
-        raise PolicyError(f"policy {policy.name!r} chose {choice} for request {request.id}: {why}")
+        raise PolicyError(f"policy {policy.name!r} chose {choice.show()} for request {request.id}: {why}")
     return choice, choice.label(request)
 
 
