@@ -37,15 +37,20 @@ def deliverable(link, t: float, nbytes: float, block_bytes: float, deadline: flo
     return min(nbytes, blocks * block_bytes), start
 
 
-def hold(link, deadline: float) -> None:
-    """The NIC keeps reading the abandoned block in flight until `deadline`, then frees."""
-    if link.free or link.free_at >= deadline:
+def hold(link, t: float, deadline: float, reserved: bool = True) -> None:
+    """The NIC keeps reading the abandoned block in flight, from when it is free after `t`, until
+    `deadline`, then frees. `reserved`: the read just reserved its delivered blocks on `link` (a
+    `DepthLink`'s last queued end is then its own, and moves to the deadline)."""
+    begin = t if t > link.free_at else link.free_at
+    if link.free or begin >= deadline:
         return
-    start = link.free_at
-    link.busy_s += deadline - start
+    link.busy_s += deadline - begin
     link.free_at = deadline
-    if isinstance(link, DepthLink) and link.ends:
-        link.ends[-1] = deadline
+    if isinstance(link, DepthLink):
+        if reserved and link.ends:
+            link.ends[-1] = deadline
+        else:
+            link.ends.append(deadline)
 
 
 def cut_read(sim, row, node, tokens: int) -> tuple[int, float | None]:
@@ -71,5 +76,5 @@ def cut_read(sim, row, node, tokens: int) -> tuple[int, float | None]:
     c.recomputed_tokens[rid] += lost
     heappush(sim.reads_due, (deadline if deadline > sim.now else sim.now, sim.tick(), node.id, lost))
     if not got and start < deadline:  # nothing delivered; the NIC still reads until the deadline
-        hold(link, deadline)
+        hold(link, sim.now, deadline, reserved=False)
     return got, deadline if start < deadline else None

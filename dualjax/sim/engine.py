@@ -374,7 +374,7 @@ class Simulation(PrefillSide, DecodeSide):
         t1 = node.snic.reserve(self.now, nbytes)
         t0 = node.snic.start
         if cut is not None:  # abandoned at the deadline: the NIC frees then
-            hold(node.snic, cut)
+            hold(node.snic, self.now, cut)
         node.account_read(t0, t1, nbytes)
         written = node.dram.reserve(self.now, nbytes)  # into the host buffer
         if written > t1:

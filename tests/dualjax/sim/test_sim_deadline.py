@@ -78,3 +78,14 @@ def test_no_deadline_and_an_infinite_one_are_the_same_run():
 def test_basic_ignores_the_deadline():
     c = sim_of(Deadline(0.0, layerwise=False)).run().columns()
     assert (c["hit_tokens"][1], c["recomputed_tokens"][1]) == (HIT, 0)
+
+
+def test_a_queue_depth_nic_delivers_at_the_rate_the_read_joins_at():
+    from dualjax.sim.deadline import deliverable, hold
+    from dualjax.sim.resources import DepthLink
+    link = DepthLink(1000.0, 1.0)  # alone on it, a read gets 1,000 x 1 / (1 + 1) = 500 B/s
+    got, start = deliverable(link, 0.0, 1000.0, 100.0, 0.5)
+    assert (got, start) == (200.0, 0.0)  # 250 B by 0.5 s: 2 whole 100-B blocks
+    assert link.reserve(0.0, got) == pytest.approx(0.4)  # the blocks kept end within the deadline
+    hold(link, 0.0, 0.5)
+    assert (link.free_at, list(link.ends), link.busy_s) == (0.5, [0.5], pytest.approx(0.5))
