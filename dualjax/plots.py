@@ -154,31 +154,36 @@ def plot_layerwise(path: str, result: dict) -> None:
 
 
 def plot_sweep(path: str, groups: list[dict]) -> None:
-    """A sweep's regimes (`dualjax.sim.sweep.regimes_table`): per regime, each policy's mean JCT relative to
-    the best policy's (1.0: the best, named above its group), and the best policy's JCT."""
+    """A sweep's regimes (`dualjax.sim.sweep.regimes_table`): each policy's mean JCT relative to the best
+    policy's in each regime (a cell per policy and regime, the best framed), and the best policy's JCT."""
     plt = _pyplot()
     policies = sorted({p for g in groups for p in g["relative"]})
     names = [g["group"].replace(" / ", "\n") for g in groups]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(max(8.0, 0.35 * len(groups) * (len(policies) + 1) + 2), 8),
-                               gridspec_kw={"height_ratios": [3, 2]})
-    width = 0.8 / max(1, len(policies))
-    x = np.arange(len(groups))
-    for k, p in enumerate(policies):
-        a.bar(x + (k - (len(policies) - 1) / 2) * width, [g["relative"].get(p, np.nan) for g in groups], width,
-              label=p)
-    top = max((v for g in groups for v in g["relative"].values()), default=1.0)
-    for i, g in enumerate(groups):
-        a.annotate("best:\n" + "\n".join(g["tied"]), (i, top * 1.02), ha="center", va="bottom", fontsize=7)
-    a.axhline(1.0, color="gray", lw=0.8)
-    a.set_xticks(x, names, fontsize=7)
-    a.set(ylabel="JCT / the best policy's JCT", ylim=(0, top * 1.3),
-          title="each policy's JCT relative to the best, per regime (mean over seeds)")
-    a.legend(fontsize=7, ncol=min(4, len(policies)), loc="lower right")
-    b.bar(x, [g["jct_s"][g["best"]] for g in groups], color="tab:green")
-    for i, g in enumerate(groups):
-        b.annotate(g["best"], (i, g["jct_s"][g["best"]]), ha="center", va="bottom", fontsize=7)
-    b.set_xticks(x, names, fontsize=7)
-    b.set(ylabel="JCT (s)", title="the best policy's JCT, per regime")
+    rel = np.array([[g["relative"].get(p, np.nan) for g in groups] for p in policies])
+    fig, (a, b) = plt.subplots(2, 1, figsize=(min(24.0, 1.3 * len(groups) + 3), 0.45 * len(policies) + 5.5),
+                               gridspec_kw={"height_ratios": [max(2.0, 0.45 * len(policies)), 2.2]})
+    top = float(np.nanmax(rel)) if np.isfinite(rel).any() else 1.0
+    im = a.imshow(rel, cmap="RdYlGn_r", vmin=1.0, vmax=max(1.1, min(top, 3.0)), aspect="auto")
+    for i, p in enumerate(policies):
+        for j, g in enumerate(groups):
+            if np.isfinite(rel[i, j]):
+                a.text(j, i, f"{rel[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                       fontweight="bold" if p in g["tied"] else "normal")
+                if p in g["tied"]:
+                    a.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=1.5, color="black"))
+    a.set_xticks(range(len(groups)), names, fontsize=7)
+    a.set_yticks(range(len(policies)), policies, fontsize=8)
+    a.set_title("JCT / the best policy's JCT, per regime (mean over seeds; framed: the best)", fontsize=10)
+    fig.colorbar(im, ax=a, fraction=0.02, pad=0.01)
+    best = [g["jct_s"][g["best"]] for g in groups]
+    b.bar(range(len(groups)), best, color="tab:green")
+    for j, g in enumerate(groups):
+        more = f" +{len(g['tied']) - 1}" if len(g["tied"]) > 1 else ""
+        b.annotate(g["best"] + more, (j, best[j]), ha="center", va="bottom", fontsize=7)
+    b.set_xticks(range(len(groups)), names, fontsize=7)
+    b.set_xlim(-0.5, len(groups) - 0.5)
+    b.set(ylabel="JCT (s)", yscale="log", title="the best policy's JCT, per regime (+N: tied with N others)")
+    b.title.set_fontsize(10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,5 +1,12 @@
 """`dualjax calibrate`: measure this machine into the simulator's `local` hardware profile.
 
+The profile is the command's product: it goes to the per-user data home (`dualjax.core.paths`:
+`$DUALJAX_HOME`, else `$XDG_DATA_HOME/dualjax`, else `~/.local/share/dualjax`, file `local.json`),
+where `--hardware local` finds it from any working directory, or to `--json FILE` instead (then
+`--hardware FILE` reads it). The scratch store and runs it measures with live in a temporary
+directory (under `--dir`, default the working directory), removed when it ends: nothing else is
+written.
+
 What the embedded runtime's hosts spend, measured here with the runtime's own code:
 * prefill: seconds of the model's padded layerwise passes by shape (rows, padded new, padded
   prefix) for every bucket the workload reaches (the table the simulator's passes take), and the
@@ -22,6 +29,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -29,6 +37,7 @@ import scipy.optimize
 
 import models
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
+from dualjax.core.paths import local_profile
 from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import unwritable_file
@@ -43,7 +52,7 @@ from dualjax.runtime.startup import (
 from dualjax.runtime.store import run_layout
 from dualjax.runtime.transport import InProcFabric
 from dualjax.runtime.warmup import prefill_shapes
-from dualjax.sim.profiles import DEFAULT_LOCAL, Hardware, save_hardware
+from dualjax.sim.profiles import Hardware, save_hardware
 from models.buckets import DEFAULT_BUCKETS
 
 log = logging.getLogger("dualjax.cli.calibrate")
@@ -91,7 +100,7 @@ def workload_extent(workload: str, prefill_chunk: int = 2048, agents: int | None
 
 def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:
     """(d0, d1): a decode step over `slots` slots of capacity C takes d0 + d1 * C seconds."""
-    cfg = models.get_config(model)
+    cfg = models.resolve_model(model).config
     params = params_for(model)
     xs, ys = [], []
     for cap in CAPACITIES:
@@ -122,7 +131,7 @@ def contention(model: str, slots: int, others: int = 3, rounds: int = 5) -> tupl
     timing every alone run first gave a decode step 0.76x *faster* beside a pass (2026-12-01 05:12)."""
     import threading
 
-    cfg = models.get_config(model)
+    cfg = models.resolve_model(model).config
     params = params_for(model)
 
     def decoder():
@@ -204,7 +213,7 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
                        for t in tallies)
             ratios.append(pe["pass_s"] / bare)
             steps.append(de["busy_s"] / de["decode_steps"])
-    return float(np.median(ratios)), float(np.median(steps)), decode_capacity(cfg, models.get_config(model))
+    return float(np.median(ratios)), float(np.median(steps)), decode_capacity(cfg, models.resolve_model(model).config)
 
 
 def _timed(what: str, fn, *args, **kwargs):
@@ -215,15 +224,30 @@ def _timed(what: str, fn, *args, **kwargs):
     return out
 
 
-def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str = "runs/calibrate/store",
-              decode_slots: int = 8, block_tokens: int = 64, path: str = DEFAULT_LOCAL, agents: int | None = None,
-              turns: int | None = None, quick: bool = False) -> Hardware:
-    """Measure, write the `local` profile to `path` and return it. `workload` (or `agents` x `turns`
+def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str | None = None,
+              decode_slots: int = 8, block_tokens: int = 64, path: str | None = None, agents: int | None = None,
+              turns: int | None = None, quick: bool = False, scratch: str | None = None) -> Hardware:
+    """Measure, write the `local` profile to `path` (default: `dualjax.core.paths.local_profile()`)
+    and return it. `model`: a preset or a checkpoint directory (its config is measured, on random
+    weights where only timings matter). `workload` (or `agents` x `turns`
     of it) bounds the pass shapes measured; longer ones are extrapolated (`PassTable`). `quick`
     (CI: `sim validate` on `bench e2e --quick`) measures the passes of the workload's own shapes at 1
     and 2 rows (`table_shapes`), times each measurement fewer times (one timing per pass shape, 2 rounds
     of contention instead of 5, with at most 2 other engines, as its 1p2d has; one host-overhead run):
-    noisier and narrower, the same quantities (the simulator extrapolates contention to more engines)."""
+    noisier and narrower, the same quantities (the simulator extrapolates contention to more engines).
+    The scratch store (`store_dir`) and the host-overhead runs go to a temporary directory under
+    `scratch` (default: the working directory), removed at the end; a given `store_dir` is kept, and the
+    runs go beside it."""
+    path = path or local_profile()
+    if store_dir is not None:
+        return _calibrate(model, workload, store_dir, decode_slots, block_tokens, path, agents, turns, quick)
+    with tempfile.TemporaryDirectory(dir=scratch or os.getcwd(), prefix=".calibrate-") as tmp:
+        return _calibrate(model, workload, os.path.join(tmp, "store"), decode_slots, block_tokens, path, agents,
+                          turns, quick)
+
+
+def _calibrate(model: str, workload: str, store_dir: str, decode_slots: int, block_tokens: int, path: str,
+               agents: int | None, turns: int | None, quick: bool) -> Hardware:
     cfg = RunConfig(ClusterSpec(1, 1), model=model, store=store_dir, block_tokens=block_tokens,
                     decode_slots=decode_slots)
     layout = run_layout(cfg)
@@ -257,13 +281,19 @@ def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: st
 
 
 def main(args) -> int:
-    """`dualjax calibrate`: measure, write the profile, print what it holds."""
-    path = args.json or DEFAULT_LOCAL
+    """`dualjax calibrate`: measure, write the profile (the `local` home, or --json), print what it holds."""
+    path = args.json or local_profile()
     if why := unwritable_file(path):  # bad input now, not once measured
-        raise ConfigError(f"--json: {why}")
-    hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path)
+        raise ConfigError(f"--json: {why}" if args.json else f"the local profile: {why} ($DUALJAX_HOME names "
+                          "another home)")
+    if not getattr(args, "quiet", False):
+        from dualjax.bench.common import show_progress
+        show_progress()
+    hw = calibrate(args.model, args.workload, decode_slots=args.decode_slots, path=path,
+                   scratch=getattr(args, "dir", None))
     a, b, c = hw.prefill_fit
-    print(f"local profile ({args.model}) -> {path}\n"
+    reader = f"--hardware {path}" if args.json else "--hardware local"
+    print(f"local profile ({args.model}) -> {path} ({reader} reads it)\n"
           f"  prefill passes: {len(hw.pass_table)} padded shapes (rows x new x prefix), from "
           f"{min(r[3] for r in hw.pass_table) * 1e3:.0f} to {max(r[3] for r in hw.pass_table) * 1e3:.0f} ms; "
           f"the hosts take x{hw.prefill_scale:.2f}\n"

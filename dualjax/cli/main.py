@@ -13,16 +13,18 @@
     dualjax sim paper --json FILE [--no-large]  the paper's evaluation simulated: JSON, markdown table, figure
     dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
-    dualjax calibrate [--json FILE]             measure this machine into the simulator's `local` profile
+    dualjax calibrate [--model M]               measure this machine into the simulator's `local` profile
     dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
 
 Every subcommand takes --help and --log-level, and every one that shows progress --quiet (the
 results are printed as without it). One name per thing: --model M (a preset; where a real model
 runs, a checkpoint directory too: docs/models.md), --hostfile (the hosts to run on), --max-wall-s
 (a wall-time bound). The output flags mean the same everywhere: --out DIR (run outputs,
-docs/report.md), --json FILE (one JSON object), --plot FILE (a figure). Bad input (flags, presets,
-files, stores) ends with one line naming what was wrong and exit code 2; anything else is a bug and
-shows its traceback.
+docs/report.md), --json FILE (one JSON object), --plot FILE (a figure); nothing else is written but
+`calibrate`'s product, the `local` profile in the per-user home ($DUALJAX_HOME, else
+$XDG_DATA_HOME/dualjax, else ~/.local/share/dualjax), which `--hardware local` reads from any
+directory. Bad input (flags, presets, files, stores) ends with one line naming what was wrong and
+exit code 2; anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     quiet_flag(ver)
     plan.add_parser(sub, parent)
     sim.add_parsers(sub, parent, argv)
+    _calibrate_parser(sub, parent)
     workload.add_parser(sub, parent)
     rep = sub.add_parser("report", help="compare runs, real and simulated, in one table (and one figure)",
                          parents=parent)
@@ -102,6 +105,35 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, (module, help_) in BENCHES.items():
         add_lazy(benches, name, module, help_, argv[:2] == ["bench", name], _bench_flags)
     return parser
+
+
+def _calibrate_parser(sub, parent: list) -> None:
+    from dualjax.core.config import number
+    from dualjax.core.paths import local_profile
+    from dualjax.outputs import output_dir, output_file
+    description = (f"Measure this machine into the simulator's `local` hardware profile, written to {local_profile()} "
+                   "($DUALJAX_HOME, else $XDG_DATA_HOME/dualjax, else ~/.local/share/dualjax), where `--hardware "
+                   "local` reads it from any directory; or with --json FILE to FILE instead (`--hardware FILE` reads "
+                   "it). Nothing else is written: the scratch store and runs it measures with are removed when it "
+                   "ends.")
+    help_ = "measure this machine into the simulator's `local` profile"
+    if "calibrate" in sub.choices:  # dualjax/cli/sim.py's older parser, until it drops it: this one replaces it
+        cal = sub.choices["calibrate"] = argparse.ArgumentParser(prog=sub.choices["calibrate"].prog, parents=parent,
+                                                                 description=description)
+    else:
+        cal = sub.add_parser("calibrate", parents=parent, help=help_, description=description)
+    cal.add_argument("--model", default="small", help="model preset or checkpoint directory to measure (default "
+                     "small: the e2e benchmark's, whose runs `sim validate` compares with the simulator's)")
+    cal.add_argument("--workload", default="agentic-e2e", help="the workload preset whose pass shapes to measure "
+                     "(default agentic-e2e, the e2e benchmark's)")
+    cal.add_argument("--decode-slots", type=number(kind=int), default=8,
+                     help="sequences a decode host decodes together: the decode step measured (default 8)")
+    cal.add_argument("--json", metavar="FILE", type=output_file,
+                     help="write the profile to FILE instead of the `local` profile's file (one JSON object)")
+    cal.add_argument("--dir", metavar="DIR", type=output_dir, help="directory on the disk whose store read rate to "
+                     "measure: the scratch store and runs go to a temporary directory there, removed at the end "
+                     "(default: the working directory)")
+    quiet_flag(cal)
 
 
 def _words(argv: list[str]) -> list[str]:

@@ -2,7 +2,8 @@
 subcommands whose flags are loaded only when they run.
 
 The output flags mean the same everywhere: `--out DIR` a directory of run outputs (docs/report.md),
-`--json FILE` the command's one JSON object, `--plot FILE` its figure (PNG). Nothing else is written.
+`--json FILE` the command's one JSON object, `--plot FILE` its figure (PNG). Nothing else is written,
+but for `dualjax calibrate`'s product, the `local` profile in the per-user home (`dualjax.core.paths`).
 `--quiet` (every command that shows progress) drops the progress (bars, per-step lines on stderr, a
 benchmark's INFO lines) and keeps the results, on stdout.
 

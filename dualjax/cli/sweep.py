@@ -40,7 +40,8 @@ LISTS = (("policies", "--policies", "policies"), ("regimes", "--regimes", "regim
 def add_arguments(p: argparse.ArgumentParser) -> None:
     regimes = "; ".join(f"{r.name}: {r.how}" for r in REGIMES.values())
     p.add_argument("--policies", required=True, metavar="P,...",
-                   help="policies to compare: built-in names or pkg.module:ClassName, comma-separated")
+                   help="policies to compare, comma-separated: built-in names or pkg.module:ClassName, each with "
+                   "its arguments if any (NAME:arg=value,arg=value)")
     p.add_argument("--regimes", metavar="R,...", help=f"named settings (all: every one): {regimes}. A regime "
                    "sets hardware, model, cluster and storage rate: not with --clusters, --snic-mbps, --hardware, "
                    "--model")
@@ -74,6 +75,19 @@ def _items(flag: str, text: str | None) -> list[str] | None:
     return items
 
 
+def _policies(text: str) -> list[str]:
+    """`--policies`: comma-separated, where a policy's own arguments (`NAME:arg=value,arg=value`) keep
+    their commas: a piece `arg=value` belongs to the policy before it."""
+    out: list[str] = []
+    for piece in _items("--policies", text):
+        key = piece.partition("=")[0]
+        if "=" in piece and ":" not in piece and key.strip().isidentifier() and out:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def _rates(text: str | None) -> list[float | None] | None:
     items = _items("--snic-mbps", text)
     if items is None:
@@ -103,7 +117,7 @@ def points_of(args):
     if regimes is not None and base.model != SimConfig.model:
         raise SweepError("--model: a regime sets its own (docs/sweep.md); give regimes or these, not both")
     try:
-        points = grid(_items("--policies", args.policies), workloads=_items("--workloads", args.workloads),
+        points = grid(_policies(args.policies), workloads=_items("--workloads", args.workloads),
                       clusters=_items("--clusters", args.clusters), snic_mbps=_rates(args.snic_list),
                       seeds=_seeds(args.seeds), hardware=_items("--hardware", args.hardware_list), regimes=regimes,
                       base=base)
@@ -140,8 +154,8 @@ def main(argv=None, args=None) -> int:
     points = points_of(args)
     if args.hostfile:
         return _launch(args)
-    from dualjax.sim.sweep import run_tasks
-    outcome = run_tasks(points, args.out, args.jobs, progress=not args.quiet)
+    from dualjax.sim.sweep import longest_first, run_tasks
+    outcome = run_tasks(longest_first(points), args.out, args.jobs, progress=not args.quiet)
     return _finish(args, points, outcome)
 
 

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="passed to the e2e benchmark: runs of each configuration (its default: 3; 1 with --quick)")
     p.add_argument("--real", metavar="E2E_JSON", help="reuse a `dualjax bench e2e --json` result instead of running it")
     p.add_argument("--out", metavar="DIR", default="runs/sim-validate", type=output_dir,
-                   help="the real runs' and the simulations' outputs (default runs/sim-validate)")
+                   help="the real runs' and the simulations' outputs, and the e2e benchmark's JSON (e2e.json: "
+                   "--real reads it again) (default runs/sim-validate)")
     p.add_argument("--profile", default=DEFAULT_LOCAL, help=f"the local profile (default {DEFAULT_LOCAL}; "
                    "calibrated first when missing)")
     p.add_argument("--recalibrate", action="store_true",
@@ -83,7 +84,8 @@ def main(argv=None, args=None) -> dict:
         if left <= 0:
             raise ConfigError(f"calibrating took {time.time() - t0:.0f} s of --max-wall-s {args.max_wall_s:g}, leaving "
                               f"none for the e2e benchmark; the profile is written to {args.profile}: run again")
-        real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(left)] +
+        real = e2e.main(["--out", os.path.join(args.out, "real"), "--max-wall-s", str(left),
+                         "--json", os.path.join(args.out, "e2e.json")] +
                         (["--quick"] if args.quick else []) +
                         (["--repeats", str(args.repeats)] if args.repeats else []) +
                         (["--storage-factor", str(args.storage_factor)] if args.storage_factor else []))
@@ -149,9 +151,10 @@ def main(argv=None, args=None) -> dict:
 REAL_KEYS = ("workload", "jct_s", "speedup", "cap_mbps", "control_uncapped_jct_s")
 SIM_SETTINGS = ("policy", "snic_mbps", "pe_hbm_mb", "basic_ahead", "basic_lands", "layerwise", "scheduler")
 CONTROL_NAME = "1p1d-control"
-OUT_OF_SCOPE = ("outside the local profile's scope: compute-bound, where the simulator's fluid decode counts as "
-                "computing for as long as a request decodes and slows every pass by the measured contention, while "
-                "the real DE's short steps leave the cores to the pass between them (docs/simulator.md)")
+OUT_OF_SCOPE = ("outside the local profile's scope: compute-bound, so its JCT follows this shared machine's "
+                "momentary speed, which the bare probe before and after a run cannot pin, and how its first turns "
+                "batch follows the packing fit its start-up measured; the profile is validated where the emulated "
+                "storage NICs set the JCT (docs/simulator.md)")
 
 
 def _configurations(real: dict) -> list[tuple[str, dict, dict, list, list]]:

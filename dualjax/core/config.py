@@ -212,6 +212,11 @@ class Settings:
     scheduler: str = setting("full", "full: inter-engine (alpha/beta/Z) and intra-engine (the compute quota) "
                              "scheduling, docs/paper.md §7; naive: neither (round-robin engines, a PE packs every "
                              "ready request; the ablation's dual-path step)")
+    de_memory: str = setting("resident", "what a DE's free device memory counts in the scheduler's DE rule "
+                             "(docs/paper.md §7): resident (the KV in its device memory now: a request takes it when "
+                             "its prompt KV moves in after prefill, docs/paper.md §3, and placement runs ahead up to "
+                             "what the DE buffer holds) or reserved (promised to every placed request from "
+                             "placement to its last token)")
     pe_hbm_mb: float | None = setting(None, "device memory a PE has for the KV of its passes, MB: Basic holds every "
                                       "layer of its batches' prompt KV, layerwise --layerwise-layers layers "
                                       "(default: the hardware's)")
@@ -242,6 +247,8 @@ class Settings:
             raise ConfigError(f"basic_lands must be 'hbm' or 'host', got {self.basic_lands!r}")
         if self.layerwise_layers not in (1, 2):
             raise ConfigError(f"layerwise_layers must be 1 or 2, got {self.layerwise_layers}")
+        if self.de_memory not in ("resident", "reserved"):
+            raise ConfigError(f"de_memory must be 'resident' or 'reserved', got {self.de_memory!r}")
         if self.scheduler not in ("full", "naive"):
             raise ConfigError(f"scheduler must be 'full' or 'naive', got {self.scheduler!r}")
         if self.think_time not in ("zero", "recorded") and not re.fullmatch(r"\d+(\.\d*)?|\.\d+", self.think_time):

@@ -18,8 +18,9 @@ decisions from the same state and events (tests/dualjax/core/test_reference_sche
      Z = 1.05 * (len over R + tokens of its DEs) / |DEs|; among DEs with memory for r, min seq over
      those with tokens + len(r) <= Z, else min tokens.
 3. The policy's `path` ("pe", "de" or a `Plan`); the PE's tokens take r's prompt (each recomputed token
-   weighs `new_token_weight`), the DE's prompt + generation (from its free memory), each node's read
-   queue its side's hit tokens.
+   weighs `new_token_weight`), the DE's prompt + generation (and, with reserved `de_memory`, its free
+   memory; with resident, `kv_in` takes that when r's KV moves into the DE), each node's read queue
+   its side's hit tokens.
 Ties go to the lowest rank and the lowest node. len(r) = r.total_tokens (prompt + generation).
 Naive: FIFO, the next PE and the next DE with memory for r in turn (no alpha, beta or Z); none -> stop.
 """
@@ -47,8 +48,9 @@ class Engine:
 
 
 class ReferenceScheduler:
-    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView], naive: bool = False):
-        self.policy, self.th, self.naive = policy, thresholds, naive
+    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView], naive: bool = False,
+                 de_memory: str = "reserved"):
+        self.policy, self.th, self.naive, self.de_memory = policy, thresholds, naive, de_memory
         th = thresholds
         self.engines = [Engine(e.rank, e.role, e.node, e.seq, e.tokens,
                                math.inf if e.free_tokens is None else e.free_tokens,
@@ -75,15 +77,21 @@ class ReferenceScheduler:
         return EngineView(e.rank, e.role, e.node, e.seq, e.tokens, self.read_q[e.node],
                           None if e.free == math.inf else e.free, e.read_rate, e.prefill_rate, e.prefill_s)
 
-    def update(self, rank: int, seq: int = 0, tokens: int = 0, placed: bool = False) -> None:
+    def update(self, rank: int, seq: int = 0, tokens: int = 0, placed: bool = False, memory: int | None = None) -> None:
         """Add `seq` requests and `tokens` tokens (negative when they leave); a DE's free memory moves the
-        other way. `placed` is the fast scheduler's bookkeeping: loads are recomputed here."""
+        other way by `memory` (default `tokens`). `placed` is the fast scheduler's bookkeeping: loads are
+        recomputed here."""
         e = self.engine(rank)
         e.seq += seq
         e.tokens += tokens
         if e.role == "decode":
-            e.free -= tokens
+            e.free -= tokens if memory is None else memory
             self.blocked.pop(e.node, None)
+
+    def kv_in(self, rank: int, tokens: int) -> None:
+        """A request's KV moved into DE `rank`: resident memory takes its `tokens` now (reserved: at placement)."""
+        if self.de_memory == "resident":
+            self.update(rank, memory=tokens)
 
     def set_read_queue(self, node: int, tokens: int) -> None:
         self.read_q[node] = tokens
@@ -182,7 +190,7 @@ class ReferenceScheduler:
         plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
         pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
-        self.update(de, 1, r.total_tokens)
+        self.update(de, 1, r.total_tokens, memory=r.total_tokens if self.de_memory == "reserved" else 0)
         self.read_q[self.engine(pe).node] += plan.pe_tokens(r)
         self.read_q[self.engine(de).node] += plan.de_tokens
         return Decision(r, pe, de, path, plan, pe_tokens)

@@ -15,6 +15,14 @@ global FIFO queue; policies see plain `EngineView` snapshots:
   queue takes its side's share, and the PE's tokens count every recomputed token as a new one
   (`Thresholds.new_token_weight` prompt tokens).
 
+A DE's free memory (the DE rule's "free device memory") is counted one of two ways (`de_memory`):
+resident (the run settings' default, docs/paper.md §3): what its device memory holds now: a request's
+prompt + generation tokens leave it when its prompt KV moves in for decode (`kv_in`, which the owner
+reports) and come back at its last token; placement takes none (the prompt KV waits in the DE buffer
+in host DRAM until prefill ends, so the DE buffer bounds how far placement runs ahead). reserved (the
+class's default, as it needs no `kv_in`): memory promised to placed requests, taken at placement. A
+DE's tokens (its load, the Z rule) are taken at placement either way.
+
 alpha = tokens a storage NIC reads in 3 s, beta = tokens an engine prefills in 5 s, both from
 profiled rates. Requests are placed one at a time in FIFO order; a request whose DE group has
 no memory for it holds up its own group's queue (no overtaking inside a group), not the others'.
@@ -35,6 +43,7 @@ from dualjax.core.policies import Plan, Policy, as_plan, direct_init
 from dualjax.core.waiting import GroupQueue, Waiting
 
 ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: tokens a PE prefills in 5 s
+DE_MEMORY = ("resident", "reserved")  # what a DE's free memory counts (module docstring)
 
 
 @direct_init
@@ -139,8 +148,12 @@ class Scheduler:
     requests and applies its own decisions to the state. State lives in arrays so that a
     decision costs the same at 2 engines and at 1,152 (the simulator's paper scale)."""
 
-    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView], naive: bool = False):
-        self.policy, self.th, self.naive = policy, thresholds, naive
+    def __init__(self, policy: Policy, thresholds: Thresholds, engines: list[EngineView], naive: bool = False,
+                 de_memory: str = "reserved"):
+        if de_memory not in DE_MEMORY:
+            raise ValueError(f"de_memory must be {' or '.join(DE_MEMORY)}, not {de_memory!r}")
+        self.policy, self.th, self.naive, self.de_memory = policy, thresholds, naive, de_memory
+        self._reserve = de_memory == "reserved"  # placement takes a DE's memory (else `kv_in` does)
         engines = sorted(engines, key=lambda e: e.rank)
         if not any(e.role == "prefill" for e in engines) or not any(e.role == "decode" for e in engines):
             raise ValueError("the scheduler needs at least one prefill and one decode engine")
@@ -229,10 +242,10 @@ class Scheduler:
         views = [self.view(r) for r in self.ranks]
         return [v for v in views if v.role == "prefill"], [v for v in views if v.role == "decode"]
 
-    def update(self, rank: int, seq: int = 0, tokens: int = 0, placed: bool = False) -> None:
+    def update(self, rank: int, seq: int = 0, tokens: int = 0, placed: bool = False, memory: int | None = None) -> None:
         """Add `seq` requests and `tokens` tokens to an engine (negative when they leave); a DE's free
-        memory moves the other way. `placed`: a DE's tokens of a request placed from its group's queue,
-        which its group's load (level 1) counts already."""
+        memory moves the other way by `memory` tokens (default: `tokens`). `placed`: a DE's tokens of a
+        request placed from its group's queue, which its group's load (level 1) counts already."""
         i = self.index[rank]
         self.seq[i] += seq
         before = self.tokens[i]
@@ -242,7 +255,7 @@ class Scheduler:
             if g in self._de_blocked:
                 del self._de_blocked[g]
                 self._pending.add(g)  # its head may fit now: back among the candidates at the next round
-            self.free[i] -= tokens
+            self.free[i] -= tokens if memory is None else memory
             self.group_tokens[g] += tokens
             if not placed:
                 self.group_load[g] += tokens
@@ -252,6 +265,13 @@ class Scheduler:
             beta = self.th.beta_tokens
             self._pe_open += (after <= beta) - (before <= beta)
             self._pe_push(k)
+
+    def kv_in(self, rank: int, tokens: int) -> None:
+        """A request's prompt KV moved into DE `rank`'s device memory for decode; `tokens`: its prompt +
+        generation. Resident memory: the DE's free memory falls by them now (they come back with the
+        request's `update` at its last token). Reserved: placement took them already, nothing changes."""
+        if not self._reserve:
+            self.update(rank, memory=tokens)
 
     def _pe_push(self, k: int) -> None:
         """PE position k's key changed: its old heap entry goes stale, a new one goes in (none over beta). An
@@ -360,7 +380,7 @@ class Scheduler:
         placed = group is not None and self.group_of[self.index[de]] == group
         if group is not None and not placed:  # a policy's own DE, outside the group r was queued for
             self.group_load[group] -= total
-        self.update(de, 1, total, placed=placed)
+        self.update(de, 1, total, placed=placed, memory=None if self._reserve else 0)
         if share := r.hit_tokens - plan.recompute_tokens - plan.de_tokens:  # the PE's reads (`Plan.pe_tokens`)
             n = self.node_of[self.index[pe]]
             self._set_read_q(n, self.read_q[n] + share)

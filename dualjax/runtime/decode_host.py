@@ -4,7 +4,9 @@ Per request: reserve DE buffer room (FIFO; a request that does not fit waits) an
 on the DE read path (or for the DE's share of a split plan) also read those hit blocks through this
 host's storage NIC and relay them to the PE layer by layer (once the PE has room). Layer KV from the
 PE is merged into the buffer.
-When prefill is done the prompt KV moves into a decode slot; all slots decode together (fixed
+When prefill is done the prompt KV moves into a decode slot (the device memory), waiting in the DE
+buffer while every slot is busy, and rank 0 hears of it (`KvIn`: what resident `de_memory` counts);
+all slots decode together (fixed
 shapes, so a request's tokens do not depend on its neighbours); every block that fills (prompt
 or generated tokens) is written to the store by a writer thread, and `Complete` goes to rank 0
 only after the request's blocks are in the store, so its next turn can hit them.
@@ -24,7 +26,7 @@ from dualjax.core.records import HostStats
 from dualjax.core.workload import PRESETS, get_workload, load_workload, max_context, turn_lengths
 from dualjax.runtime.buffers import HostBuffer, RequestKV
 from dualjax.runtime.host import Host, shared
-from dualjax.runtime.messages import Assign, Complete, LayerKV, PrefillDone, Ready
+from dualjax.runtime.messages import Assign, Complete, KvIn, LayerKV, PrefillDone, Ready
 from dualjax.runtime.warmup import prompt_lengths, warm_decode
 from kvstore import block_chain
 from models import DecodeCache, greedy
@@ -187,6 +189,7 @@ class DecodeHost(Host):
                 live = self.ready_q.popleft()
             done, T = live.prefill, self.layout.block_tokens
             self.cache = self.cache.insert(i, live.rkv.sequence())
+            self.transport.send(0, KvIn(live.a.request.id))  # its device memory is taken now (`de_memory`)
             live.tokens, live.token_times = [done.first_token], [live.times["first_token"]]
             full = live.a.request.prompt_len // T
             # Prompt blocks the store lacks, straight from the DE buffer; the buffer is freed after. The store

@@ -27,6 +27,7 @@ from dualjax.runtime.messages import (
     Assign,
     Complete,
     EngineState,
+    KvIn,
     PrefillFinished,
     Request,
     Shutdown,
@@ -47,7 +48,7 @@ class Driver:
         pes = [EngineView(r, "prefill", r, prefill_s=fits[r].predict if r in fits else None) for r in c.prefill_ranks]
         self.scheduler = Scheduler(policy, thresholds, pes +
                                    [EngineView(r, "decode", r, free_tokens=de_capacity_tokens) for r in c.decode_ranks],
-                                   naive=cfg.scheduler == "naive")
+                                   naive=cfg.scheduler == "naive", de_memory=cfg.de_memory)
         self.context = [np.zeros(0, np.int32) for _ in agents]
         self.waiting = Waiting()
         self.requests: dict[int, Request] = {}
@@ -129,6 +130,9 @@ class Driver:
                 elif isinstance(msg, PrefillFinished):  # the request's tokens leave the PE's load
                     rec = self.records[msg.request_id]
                     self.scheduler.update(rec["pe"], -1, -rec["pe_load"])
+                elif isinstance(msg, KvIn):  # the request's KV is in its DE's device memory now
+                    req = self.requests[msg.request_id]
+                    self.scheduler.kv_in(self.records[msg.request_id]["de"], req.prompt_len + req.gen_len)
                 elif isinstance(msg, EngineState):
                     self.scheduler.set_read_queue(msg.rank, msg.read_q_tokens)
                 else:

@@ -36,6 +36,16 @@ def shared(d: dict, key, make):
     return got if got is not None else d.setdefault(key, make())
 
 
+def keep_failure(out: str, rank: int, role: str, tb: str) -> str:
+    """Keep traceback `tb` of rank `rank` in `out/failed-rank<rank>.txt` if that directory exists here (rank 0's
+    --out: never made here); the text kept."""
+    text = f"[rank {rank} {role} on {socket.gethostname()}] {tb}"
+    with contextlib.suppress(OSError):
+        with open(os.path.join(out, f"failed-rank{rank}.txt"), "w") as f:
+            f.write(text)
+    return text
+
+
 class Host:
     role = "host"
     prefill_rate: float | None = None  # a PE's measured prefill tokens/s, sent with `Warm`
@@ -75,11 +85,8 @@ class Host:
     def fail(self, tb: str) -> None:
         """End the job with this host's traceback: printed, and kept in `failed-rank<r>.txt` under the
         run's output directory, since mpiexec may end the job before it forwards a rank's stderr."""
-        text = f"[rank {self.rank} {self.role} on {socket.gethostname()}] {tb}"
+        text = keep_failure(self.cfg.out, self.rank, self.role, tb)
         print(text, file=sys.stderr, flush=True)
-        with contextlib.suppress(OSError):  # into rank 0's --out if this host sees it: never made here
-            with open(os.path.join(self.cfg.out, f"failed-rank{self.rank}.txt"), "w") as f:
-                f.write(text)
         self.stop.set()
         self.transport.abort(text)
 

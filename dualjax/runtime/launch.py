@@ -18,15 +18,17 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import ConfigError, RunConfig
-from dualjax.core.policies import Policy, get_policy
+from dualjax.core.policies import Policy, PolicyError, get_policy
 from dualjax.core.report import build_report
 from dualjax.core.workload import load_workload, slo_for, workload_report
 from dualjax.outputs import real_columns, unwritable_dir, write_run
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
+from dualjax.runtime.host import keep_failure
 from dualjax.runtime.placement import Placement, read_nodes
 from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import thresholds
@@ -60,7 +62,11 @@ def drive(transport: Transport, cfg: RunConfig, progress: bool, policy: Policy |
     fits = {r: AttentionFit(*w.pack_fit) for r, w in warm.items() if w.pack_fit is not None}
     driver = Driver(transport, cfg, agents, layout, store, policy, th,
                     cfg.decode_slots * decode_capacity(cfg, model_cfg), progress, fits)
-    cols, hosts = real_columns(*driver.run())
+    try:
+        cols, hosts = real_columns(*driver.run())
+    except PolicyError as e:  # the policy author's mistake: one line here, its traceback in the run's directory
+        keep_failure(cfg.out, 0, "scheduler", traceback.format_exc())
+        raise PolicyError(f"{e} (traceback: {os.path.join(cfg.out, 'failed-rank0.txt')})") from e
     workload = workload_report(cfg.workload, cfg.agents, cfg.workload_seed, model_cfg.max_seq_len, cfg.block_tokens)
     own = {"thresholds": dataclasses.asdict(th), "prefill_tokens_per_s": rate, "startup": startup,
            "placement": placement}

@@ -117,6 +117,14 @@ class PrefillFinished:
 
 
 @dataclasses.dataclass(frozen=True)
+class KvIn:
+    """DE -> rank 0: the request's prompt KV moved from the DE buffer into a decode slot (device memory):
+    with resident DE memory (`de_memory`) its prompt + generation tokens leave the DE's free memory now."""
+
+    request_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Warm:
     """Host -> rank 0: start-up done (model, store, profile, programs compiled); the run's clock may start."""
 

@@ -1,4 +1,4 @@
-"""Hosts on one machine: Linux namespaces that MPI can only reach over a network (tests, `verify --hosts`).
+"""Hosts on one machine: Linux namespaces that MPI can only reach over a network (tests, `verify --hostfile N`).
 
 `Hosts(n)` makes n "hosts" named node0 ... node<n-1>. Each is a network namespace with one veth
 link (`eth0`, 10.77.0.<k+1>/24) into a bridge that lives in a namespace of its own, so no address

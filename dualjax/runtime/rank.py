@@ -40,7 +40,8 @@ def refuse(message: str, rank: int) -> int:
 
 def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
     use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
-    from dualjax.runtime.preflight import Refused, join
+    from dualjax.core.policies import PolicyError
+    from dualjax.runtime.preflight import REFUSED, Refused, join
     from dualjax.runtime.transport import MpiTransport, comm_world
 
     args = parser(prog).parse_args(argv)
@@ -56,7 +57,11 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
         print(describe_placement(placement, devices), file=sys.stderr, flush=True)
     shared = devices[comm.Get_rank()]["shared_memory_with"]  # the ranks on this host
     transport = MpiTransport(comm, pack_to=frozenset(range(comm.Get_size())) - set(shared))
-    report = run_rank(transport, cfg, progress=progress, placement={**placement.report(), "ranks": devices})
+    try:
+        report = run_rank(transport, cfg, progress=progress, placement={**placement.report(), "ranks": devices})
+    except PolicyError as e:  # rank 0: the policy author's mistake, its traceback kept in failed-rank0.txt
+        print(f"dualjax: error: {e}", file=sys.stderr, flush=True)
+        comm.Abort(REFUSED)  # every rank ends; `dualjax run` prints no more for REFUSED
     transport.close()
     comm.Barrier()
     if report is not None:  # the run's result, on stdout as `dualjax run --embedded` prints it; --quiet or not

@@ -14,6 +14,7 @@ written back (counted, not queued).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 import numpy as np
@@ -25,10 +26,15 @@ class DecodeEngine:
     """A continuous decode batch as a fluid: `steps` advance at 1/step_s between membership changes."""
 
     __slots__ = ("rank", "node", "tx", "rx", "members", "n", "ready", "steps", "t_ref", "step_s", "ctx_base",
-                 "version", "busy_s", "costs", "ep_nodes", "ep_floor_s")
+                 "version", "busy_s", "costs", "ep_nodes", "ep_floor_s", "kv_cap", "kv_free", "kv_wait")
 
-    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, costs: Costs, ep_nodes: int = 1):
+    def __init__(self, rank: int, node: Node, tx: Lane, rx: Lane, costs: Costs, ep_nodes: int = 1,
+                 kv_tokens: float = math.inf):
         self.rank, self.node, self.tx, self.rx, self.ep_nodes = rank, node, tx, rx, ep_nodes
+        # KV tokens its HBM holds; those not taken by requests moved in; requests whose prompt KV waits in the
+        # DE buffer for room (FIFO)
+        self.kv_cap = self.kv_free = kv_tokens
+        self.kv_wait: deque[int] = deque()
         self.costs = costs  # its EP group's: the weights each step reads depend on the group's size
         self.ep_floor_s = costs.ep_latency_s(costs.de_ep)  # the EP all-to-all's latency floor per step
         self.members: list[tuple[float, int]] = []  # heap of (finish step, request id)
@@ -43,9 +49,28 @@ class DecodeSide:
     PE's: its last prefill pass samples it, `PrefillSide._end_member_pass`)."""
 
     def _join(self, de: DecodeEngine, rid: int) -> None:
-        """The prompt KV is in the DE buffer: move it into HBM (loopback), then it may decode."""
-        now = self.now
-        nbytes = self.cols.prompt_tokens[rid] * self.kvb
+        """Prefill has ended and the prompt KV is in the DE buffer: it moves into HBM once the HBM has room
+        for its prompt + generation tokens (FIFO behind any waiting; docs/paper.md §3)."""
+        if de.kv_wait or self.cols.prompt_tokens[rid] + self.cols.gen_len[rid] > de.kv_free:
+            de.kv_wait.append(rid)
+        else:
+            self._move_in(de, rid)
+
+    def _kv_room(self, de: DecodeEngine) -> None:
+        """HBM was freed: the prompt KV waiting in the DE buffer moves in, in order, while it fits."""
+        c, wait = self.cols, de.kv_wait
+        while wait and c.prompt_tokens[wait[0]] + c.gen_len[wait[0]] <= de.kv_free:
+            self._move_in(de, wait.popleft())
+
+    def _move_in(self, de: DecodeEngine, rid: int) -> None:
+        """Take the request's HBM (the scheduler's resident memory too) and move its prompt KV from the DE
+        buffer into HBM (loopback); then it may decode."""
+        now, c = self.now, self.cols
+        need = c.prompt_tokens[rid] + c.gen_len[rid]
+        de.kv_free -= need
+        self.scheduler.kv_in(de.rank, need)
+        self._note_de_memory(de)
+        nbytes = c.prompt_tokens[rid] * self.kvb
         done = de.node.dram.reserve(now, nbytes)
         if self.hw.loopbacks:
             done = latest(done, de.tx.reserve(now, nbytes), de.rx.reserve(now, nbytes))
@@ -169,6 +194,9 @@ class DecodeSide:
             stored = (hit + c.recomputed_tokens[rid]) // self.T
             de.node.write_bytes += ((prompt + gen - 1) // self.T - stored) * self.T * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))
+        de.kv_free += prompt + gen
+        if de.kv_wait:  # after this event: it may be in the middle of the batch's step (`_decode_event`)
+            self.at(now, self._kv_room, de)
         self.dirty = True
         self.completed += 1
         agent = c.agent[rid]

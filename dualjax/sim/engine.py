@@ -14,8 +14,11 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
    the PE or DE buffer (a plan's recomputed tail is not read: it is prefill work); Basic waits on its
    PE for a batch to be formed and loaded (`prefill.py`);
 3. PEs step in groups and pack passes with the runtime's `batching.pack` (`prefill.py`);
-4. the prefill's KV goes to the DE buffer (all but the hit tokens the DE read itself),
-   then into the DE's HBM, and the DE decodes it in a continuous batch (`decode.py`).
+4. the prefill's KV goes to the DE buffer (all but the hit tokens the DE read itself); the first token
+   is the PE's, at its last pass's end. Once prefill has ended the KV moves into the DE's HBM, which
+   it takes then (prompt + generation tokens, until the last token), waiting in the DE buffer while
+   the HBM is full; the DE decodes it in a continuous batch (`decode.py`). What the scheduler counts
+   as a DE's free memory, `de_memory`: resident (the HBM held now) or reserved (from placement).
 
 Hits follow the runtime's store: a turn hits every full block of the agent's previous context
 (prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
@@ -116,7 +119,8 @@ class Simulation(PrefillSide, DecodeSide):
         self.groups: list[PeGroup] = []
         self.decoders: list[DecodeEngine] = []
         views = self._build(ep_groups(P, g, hw.ep_gpus), ep_groups(D, g, hw.ep_gpus))
-        self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive")
+        self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive",
+                                   de_memory=cfg.de_memory)
         self.waiting = Waiting()
         n = sum(len(a) for a in append)
         self.n_requests = n
@@ -140,6 +144,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.rng = stream("simulator", cfg.workload_seed)
         self.dirty, self.completed = False, 0
         self.de_mem_peak = 0.0
+        self.attention_balance: list[tuple[float, float]] = []  # (start, max/avg attention time) per EP group pass
         self.decode_limit = hw.decode_batch or math.inf  # requests a DE's batch holds
         self.kv_priority = hw.kv_priority  # with it, KV queued on a DE's compute NIC re-times nothing
         # `local`: engines share one machine's cores; slowdown of a pass / a step by others computing
@@ -173,7 +178,7 @@ class Simulation(PrefillSide, DecodeSide):
                             if mem <= 0:
                                 raise SimError(self._no_memory(size * g))
                             self.de_mem = max(self.de_mem, mem)
-                            e = DecodeEngine(rank, node, tx, rx, costs, size)
+                            e = DecodeEngine(rank, node, tx, rx, costs, size, mem)
                             self.decoders.append(e)
                             views.append(EngineView(rank, role, node.id, free_tokens=None if math.isinf(mem) else mem))
                         self.engines[rank] = e
@@ -306,11 +311,15 @@ class Simulation(PrefillSide, DecodeSide):
         sch = self.scheduler
         for d in sch.schedule(self.waiting):
             self._place(d)
-            i = sch.index[d.de]
-            if sch.free[i] != math.inf:  # the DE's KV memory taken, as a fraction (`link_summary`)
-                taken = sch.tokens[i] / (sch.tokens[i] + sch.free[i])
-                if taken > self.de_mem_peak:
-                    self.de_mem_peak = taken
+            self._note_de_memory(self.engines[d.de])
+
+    def _note_de_memory(self, de: DecodeEngine) -> None:
+        """The share of `de`'s KV memory the scheduler counts as taken (`de_memory`: reserved or resident),
+        for its peak (`link_summary`)."""
+        if de.kv_cap != math.inf:
+            taken = (de.kv_cap - self.scheduler.free[self.scheduler.index[de.rank]]) / de.kv_cap
+            if taken > self.de_mem_peak:
+                self.de_mem_peak = taken
 
     def _reads_done(self, key: tuple) -> None:
         """The reads of `reads_due` that end before `key` = (time, order), as an event would have, leave
@@ -415,8 +424,9 @@ class Simulation(PrefillSide, DecodeSide):
         return out
 
     def pe_summary(self) -> dict:
-        """What the PEs did: rows per pass, passes, compute vs group time, and Basic's wait from its DE buffer's
-        room to the start of its load (its batch formed: the batches before it computed, memory freed)."""
+        """What the PEs did: rows per pass, passes, compute vs group time, Basic's wait from its DE buffer's
+        room to the start of its load (its batch formed: the batches before it computed, memory freed), and
+        the attention time's max/avg across the members of a group pass (`attention_summary`)."""
         pes = [e for e in self.engines.values() if isinstance(e, PrefillEngine)]
         passes, rows = sum(e.passes for e in pes), sum(e.rows_run for e in pes)
         busy, compute = sum(e.busy_s for e in pes), sum(e.compute_s for e in pes)
@@ -428,7 +438,21 @@ class Simulation(PrefillSide, DecodeSide):
                 "hbm_budget_gb": min(e.hbm.budget for e in pes) / 1e9,
                 "hbm_peak_gb": max(e.hbm.peak for e in pes) / 1e9,
                 "load_wait_s": {"mean": float(wait.mean()) if wait.size else None,
-                                "p99": float(np.percentile(wait, 99)) if wait.size else None}}
+                                "p99": float(np.percentile(wait, 99)) if wait.size else None},
+                "attention_max_over_avg": self.attention_summary(jct)}
+
+    def attention_summary(self, jct: float) -> dict:
+        """Intra-engine balance (docs/paper.md §10): per forward of an expert-parallel PE group of two or more
+        GPUs, the max over its members of their batches' predicted attention time (the quantity the compute
+        quota bounds) over the members' mean (a member without a batch: 0), averaged over the passes of the
+        run and over those that start in its first 5 % (`first_5pct`); None without such a pass."""
+        start = np.array([t for t, _ in self.attention_balance])
+        ratio = np.array([r for _, r in self.attention_balance])
+        t0 = float(np.nanmin(self.cols.arrival)) if len(self.cols.arrival) else 0.0
+        early = ratio[start < t0 + 0.05 * jct]
+        return {"mean": float(ratio.mean()) if ratio.size else None,
+                "p99": float(np.percentile(ratio, 99)) if ratio.size else None,
+                "first_5pct": float(early.mean()) if early.size else None, "passes": int(ratio.size)}
 
     def sim_summary(self) -> dict:
         """Per role: the buffers' peak over the run against their budget (GB, the busiest node's; 0: no

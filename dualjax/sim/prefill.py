@@ -203,6 +203,12 @@ class PrefillSide:
         if not plans:
             return
         now, end, outputs = self.now, self.now, []
+        if len(g.members) > 1:  # intra-engine balance: max / mean of the members' attention time (none: 0)
+            attention = self.costs.attention
+            times = [sum(attention(w.cached, n) for w, n in kept) for _, kept in plans]
+            total = sum(times)
+            if total > 0:
+                self.attention_balance.append((now, max(times) * len(g.members) / total))
         for pe, kept in plans:
             e, out = self._member_pass(pe, kept, g.nodes)
             if e > end:

@@ -117,6 +117,9 @@ def find_capacity(cfg: SimConfig, attainment: float = 0.9, start_aps: float = 1.
         raise ValueError(f"unknown SLO reading {reading!r}: {', '.join(SLO_READINGS)}")
     trials = []
     cache = {} if cache is None else cache
+    key = (cfg, repr(policy), repr(hardware))  # trials hold for one setting only
+    if cache.setdefault("setting", key) != key:
+        raise ValueError("find_capacity: a cache holds the trials of one setting (config, policy, hardware)")
     if "lifetime" not in cache:
         cache["lifetime"] = agent_lifetime(cfg, policy, hardware)
     lifetime = cache["lifetime"]

@@ -22,6 +22,7 @@ imports no MPI).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -256,7 +257,8 @@ COLUMNS = {
     "ttft_p50_s": ("float64", "time to first token, median, s"), "ttft_p99_s": ("float64", "TTFT, 99th percentile, s"),
     "tpot_p50_s": ("float64", "time per output token, median, s"),
     "snic_max_over_avg": ("float64", "storage NICs' max / avg bytes read (steady windows; 1 is even)"),
-    "hit_rate": ("float64", "prompt tokens whose KV was in the store / prompt tokens"),
+    "hit_rate": ("float64", "prompt tokens whose KV was read from storage / prompt tokens (report.json's hit_rate: "
+                            "a hit the plan recomputed is not counted)"),
     "recomputed_tokens": ("int64", "hit tokens recomputed instead of loaded"),
     "de_tokens": ("int64", "hit tokens read on the decode side and relayed"),
     "slo_attained": ("float64", "fraction of requests within the TTFT and TPOT SLO"),
@@ -530,6 +532,8 @@ def run_tasks(tasks: list, out: str, jobs: int | None = None, progress: bool = T
         else:
             outcome.results[task.id] = result
             outcome.ran.append(task.id)
+            with contextlib.suppress(FileNotFoundError):  # an earlier sweep's failure of this point
+                os.remove(os.path.join(out, FAILED, f"{task.id}.txt"))
             if on_done:
                 on_done(task, result, wall, False)
         bar.update(1)
@@ -570,17 +574,22 @@ def run_tasks(tasks: list, out: str, jobs: int | None = None, progress: bool = T
 
 
 
+def longest_first(tasks: list) -> list:
+    """`tasks` by cost, the costliest first (ties keep their order): no long point starts last."""
+    return sorted(tasks, key=lambda t: -t.cost())
+
+
 def share(tasks: list, rank: int, size: int) -> list:
-    """Rank `rank`'s share of `tasks` among `size` ranks: the costliest first, each to the rank with the
-    least cost so far (the same answer on every rank, with no messages)."""
+    """Rank `rank`'s share of `tasks` among `size` ranks, costliest first: each task, costliest first, to the
+    rank with the least cost so far (the same answer on every rank, with no messages)."""
     load = [0.0] * size
     mine = []
-    for i, t in sorted(enumerate(tasks), key=lambda it: -it[1].cost()):
+    for t in longest_first(tasks):
         r = min(range(size), key=lambda k: (load[k], k))
         load[r] += t.cost()
         if r == rank:
-            mine.append((i, t))
-    return [t for _, t in sorted(mine, key=lambda it: it[0])]
+            mine.append(t)
+    return mine
 
 
 # -- a sweep ---------------------------------------------------------------------------------------------
@@ -590,7 +599,7 @@ def sweep(points: list[Point], out: str, jobs: int | None = None, progress: bool
     """Run a grid's points (`grid`) under `out` and write `OUT/summary.parquet` (and `plot`, a PNG): returns
     {"rows" (ranked, point order), "regimes" (`regimes_table`), "ran", "resumed", "failed", "wall_s"}."""
     check(points)
-    outcome = run_tasks(points, out, jobs, progress)
+    outcome = run_tasks(longest_first(points), out, jobs, progress)
     return finish(points, outcome, out, plot, log)
 
 
@@ -610,16 +619,17 @@ def finish(points: list[Point], outcome: Outcome, out: str, plot: str | None = N
 
 
 def text_table(rows: list[dict]) -> str:
-    """The ranked rows as a fixed-width table, a group per block, best policy marked `*`."""
-    head = (f"{'policy':24s} {'seed':>4s} {'JCT s':>10s} {'vs best':>8s} {'TTFT p50':>9s} {'p99':>9s} "
-            f"{'SNIC max/avg':>12s} {'recomputed':>11s} {'hit':>6s} {'wall s':>7s}")
+    """The ranked rows as a fixed-width table, a group per block, best policy marked `*` (`loaded`: the
+    hit rate, prompt tokens read from storage)."""
+    head = (f"{'policy':32s} {'seed':>4s} {'JCT s':>10s} {'vs best':>8s} {'TTFT p50':>9s} {'p99':>9s} "
+            f"{'SNIC max/avg':>12s} {'recomputed':>11s} {'loaded':>6s} {'wall s':>7s}")
     lines, group = [], None
     for r in sorted(rank(rows), key=lambda r: (r["group"], r["jct_vs_best"], r["policy"], r["seed"])):
         if r["group"] != group:
             group = r["group"]
             lines += ["", group, head]
         snic = r["snic_max_over_avg"]
-        lines.append(f"{('*' if r['best'] else ' ') + r['policy'][:23]:24s} {r['seed']:4d} {r['jct_s']:10.1f} "
+        lines.append(f"{('*' if r['best'] else ' ') + r['policy'][:31]:32s} {r['seed']:4d} {r['jct_s']:10.1f} "
                      f"{r['jct_vs_best']:7.3f}x {r['ttft_p50_s']:9.2f} {r['ttft_p99_s']:9.2f} "
                      f"{'—' if snic is None else format(snic, '.2f'):>12s} {r['recomputed_tokens']:11,d} "
                      f"{r['hit_rate']:6.1%} {r['wall_s']:7.1f}")

@@ -75,6 +75,11 @@ def test_bad_run_flags(tmp_path, capsys, argv, message):
     (["bench", "relay", "--chunk-kib", "x"], "--chunk-kib: expected an integer, got 'x'"),
     (["calibrate", "--workload", "nosuch", "--json", "{dir}/local.json"], "unknown workload 'nosuch'"),
     (["calibrate", "--json", "{file}/local.json"], "{file} is a file, not a directory"),
+    (["calibrate", "--model", "{dir}/nowhere", "--json", "{dir}/local.json"],  # a checkpoint directory, or a preset
+     "unknown model preset '{dir}/nowhere', and no checkpoint directory of that name"),
+    (["calibrate", "--model", "{dir}/damaged", "--json", "{dir}/local.json"], "a directory without config.json"),
+    (["calibrate", "--dir", "{file}", "--json", "{dir}/local.json"], "{file} is a file, not a directory"),
+    (["calibrate", "--decode-slots", "0"], "--decode-slots: must be a finite number > 0, got 0"),
     (["sim", "validate", "--profile", "{file}/local.json"], "--profile: {file} is a file, not a directory"),
     (["bench", "e2e", "--max-wall-s", "nan"], "--max-wall-s: must be a number > 0, got nan"),
     # an output that cannot be written (/proc: not even root makes a file there), refused before the work

@@ -108,7 +108,7 @@ def test_bad_input_leaves_no_output_directory(tmp_path, capsys):
     assert (tmp_path / "kept").is_dir()  # a directory that was there before stays
 
 
-QUIET = [["demo"], ["run"], ["verify"], ["sim"], *(["bench", b] for b in BENCHES)]
+QUIET = [["demo"], ["run"], ["verify"], ["calibrate"], ["sim"], *(["bench", b] for b in BENCHES)]
 
 
 @pytest.mark.parametrize("argv", QUIET, ids=" ".join)
@@ -160,3 +160,17 @@ def test_run_prints_its_summary_line_on_stdout_embedded_and_under_mpiexec_quiet_
         line = summary_line(json.load(open(out / "report.json")))  # the line, from the run's report
         assert stdout.splitlines() == [line] and line not in stderr, (launcher, quiet, stdout, stderr[-2000:])
 
+
+def test_calibrate_measures_a_checkpoint_directory_as_its_preset(tmp_path):
+    """`calibrate --model DIR` takes a checkpoint directory, as every other --model does: the shapes it
+    measures are its preset's, and its decode step is timed (on the checkpoint's config)."""
+    import models
+    from dualjax.cli import calibrate
+    cfg = models.get_config("tiny")
+    ckpt = str(tmp_path / "tiny-ckpt")
+    models.save_checkpoint(ckpt, models.init_params(cfg, 0), cfg)
+    shapes = [calibrate.table_shapes(m, "agentic-tiny", 2048, 64, agents=2, turns=3, quick=True)
+              for m in (ckpt, "tiny")]
+    assert shapes[0] == shapes[1] and shapes[0]
+    d0, d1 = calibrate.decode_fit(ckpt, 2, repeats=1)
+    assert d0 >= 0 and d1 >= 0 and d0 + d1 > 0

@@ -142,3 +142,70 @@ def test_a_directory_that_is_not_a_run_of_this_schema_is_refused_in_one_line(run
         load_run(str(tmp_path / "no-table"))
     with pytest.raises(OutputError, match="no column nosuch"):
         load_run(str(runs / "sim"), ["ttft", "nosuch"])
+
+
+def test_the_local_profile_lives_in_the_per_user_home_whatever_the_working_directory(tmp_path, monkeypatch):
+    """The `local` profile's file: $DUALJAX_HOME, else $XDG_DATA_HOME/dualjax (an absolute one, as the XDG
+    spec says), else ~/.local/share/dualjax; the same from any working directory."""
+    from dualjax.core.paths import local_profile
+    for var in ("DUALJAX_HOME", "XDG_DATA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    default = os.path.join(str(tmp_path), "me", ".local", "share", "dualjax", "local.json")
+    for cwd in ("a", "b"):
+        (tmp_path / cwd).mkdir()
+        monkeypatch.chdir(tmp_path / cwd)
+        assert local_profile() == default
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/share")
+    assert local_profile() == default
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert local_profile() == os.path.join(str(tmp_path), "xdg", "dualjax", "local.json")
+    monkeypatch.setenv("DUALJAX_HOME", str(tmp_path / "dj"))
+    assert local_profile() == os.path.join(str(tmp_path), "dj", "local.json")
+
+
+def _measured():
+    """A `local` profile as `dualjax calibrate` writes one (its figures made up)."""
+    return dataclasses.replace(PAPER_H800, name="local", model="tiny", pass_table=((1, 64, 0, 0.01),),
+                               prefill_fit=(1e-9, 1e-6, 1e-3), decode_fit=(1e-3, 1e-6), contention=(1.5,),
+                               decode_contention=(1.25,))
+
+
+def test_calibrate_writes_the_local_profile_to_the_per_user_home_and_nothing_else(tmp_path, monkeypatch, capsys):
+    """`dualjax calibrate` writes its product, the `local` profile, to the per-user home and nothing else:
+    its scratch store is gone when it ends. The measuring itself (minutes) is a stand-in that writes a
+    scratch store and the profile."""
+    from dualjax.cli import calibrate
+    from dualjax.sim.profiles import save_hardware
+    monkeypatch.setenv("DUALJAX_HOME", str(tmp_path / "home"))
+    scratch = []
+
+    def measure(model, workload, store_dir, decode_slots, block_tokens, path, *rest):
+        os.makedirs(store_dir)
+        open(os.path.join(store_dir, "segment"), "w").close()
+        scratch.append(store_dir)
+        save_hardware(_measured(), path)
+        return _measured()
+    monkeypatch.setattr(calibrate, "_calibrate", measure)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["calibrate", "--model", "tiny", "--quiet"]) == 0
+    profile = str(tmp_path / "home" / "local.json")
+    assert f"-> {profile} (--hardware local reads it)" in capsys.readouterr().out
+    assert os.listdir(tmp_path / "work") == [] and not os.path.exists(scratch[0])  # nothing else written
+    assert os.listdir(tmp_path / "home") == ["local.json"]
+
+
+@pytest.mark.xfail(strict=True, reason="dualjax/sim/profiles.py still reads runs/calibrate/local.json: its "
+                   "get_hardware must read dualjax.core.paths.local_profile() (then drop this mark)")
+def test_hardware_local_is_the_per_user_profile_from_any_working_directory(tmp_path, monkeypatch):
+    """`--hardware local` reads the profile `dualjax calibrate` wrote (`local_profile()`), wherever the
+    command starts: a sweep started from a policy's folder finds it."""
+    from dualjax.core.paths import local_profile
+    from dualjax.sim.profiles import get_hardware, save_hardware
+    monkeypatch.setenv("DUALJAX_HOME", str(tmp_path / "home"))
+    save_hardware(_measured(), local_profile())
+    (tmp_path / "policy").mkdir()
+    monkeypatch.chdir(tmp_path / "policy")
+    hw = get_hardware("local")
+    assert (hw.name, hw.model, hw.pass_table, hw.contention) == ("local", "tiny", ((1, 64, 0, 0.01),), (1.5,))

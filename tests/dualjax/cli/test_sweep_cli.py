@@ -67,6 +67,13 @@ def test_sweep_writes_its_table_and_reads_back(tmp_path, capsys):
     assert second.split("\nsweep:")[0] == first.split("\nsweep:")[0]  # the same table
 
 
+def test_policies_keep_their_arguments():
+    """`--policies` splits at commas, but a policy's own `arg=value` pieces stay with it."""
+    from dualjax.cli.sweep import _policies
+    assert _policies("dualpath,llmd-pull:beta=2,setup_s=0.5,m.x:Cls,m.y:Cls:k=1") == \
+        ["dualpath", "llmd-pull:beta=2,setup_s=0.5", "m.x:Cls", "m.y:Cls:k=1"]
+
+
 @pytest.mark.slow
 def test_sweep_over_a_hostfile_runs_under_mpiexec(tmp_path, capsys):
     """`--hostfile` (this machine, 2 ranks) starts the sweep under mpiexec, whose ranks split the points."""

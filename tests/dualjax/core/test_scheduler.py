@@ -303,3 +303,39 @@ def test_level_one_load_follows_placements_completions_and_pinned_engines():
         for g, queue in enumerate(s.group_queues):
             assert s.group_load[g] == s.group_tokens[g] + sum(r.total_tokens for r in queue)
     assert n > 200 and pinned > 50
+
+
+def test_resident_memory_is_taken_when_the_kv_moves_in_and_reserved_at_placement():
+    # One DE with 2,500 tokens of memory, requests of 1,100 (1,000 prompt + 100 generated). Reserved: two
+    # placements take 2,200, the third waits. Resident: placement takes none, all three are placed; their
+    # load (tokens) is taken either way. Two KV moves in take 2,200 and leave 300; one request done gives
+    # its 1,100 back in both readings.
+    for reading, free_after_placing in (("reserved", 300), ("resident", 2500)):
+        sch = Scheduler(DualPath(), TH, [pe(1), de(2, free=2500)], de_memory=reading)
+        placed = sch.schedule(Waiting([req(i, prompt=1000, gen=100) for i in range(3)]))
+        assert len(placed) == (2 if reading == "reserved" else 3), reading
+        assert sch.view(2).free_tokens == free_after_placing and sch.view(2).tokens == 1100 * len(placed)
+        sch.kv_in(2, 1100)
+        sch.kv_in(2, 1100)
+        assert sch.view(2).free_tokens == 300
+        sch.update(2, -1, -1100)
+        assert sch.view(2).free_tokens == 1400 and sch.view(2).tokens == 1100 * (len(placed) - 1)
+
+
+def test_resident_memory_stops_placement_once_the_kv_in_memory_fills_it():
+    """Resident: a DE whose device memory holds KV moved in has that much less for the DE rule."""
+    sch = Scheduler(DualPath(), TH, [pe(1), de(2, free=2500)], de_memory="resident")
+    waiting = Waiting([req(0, prompt=1900, gen=100)])
+    assert len(sch.schedule(waiting)) == 1
+    sch.kv_in(2, 2000)
+    waiting.append(req(1, prompt=1000, gen=100))
+    assert sch.schedule(waiting) == [] and sch.view(2).free_tokens == 500
+    sch.update(2, -1, -2000)
+    assert [d.request.id for d in sch.schedule(waiting)] == [1]
+    with pytest.raises(ValueError, match="de_memory"):
+        Scheduler(DualPath(), TH, [pe(1), de(2)], de_memory="pinned")
+    from dualjax.core.config import ConfigError, RunConfig, SimConfig, to_argv
+    assert to_argv(RunConfig(de_memory="reserved")) == ["--de-memory", "reserved"]
+    assert SimConfig().de_memory == RunConfig().de_memory == "resident"
+    with pytest.raises(ConfigError, match="de_memory"):
+        SimConfig(de_memory="pinned")

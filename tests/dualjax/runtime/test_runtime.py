@@ -69,6 +69,20 @@ def test_the_first_token_is_the_pe_s_and_ttst_runs_from_it(tmp_path, reference):
     assert (cols["first_token"] + cols["ttst"] <= cols["done"])[two].all()
 
 
+@pytest.mark.parametrize("de_memory", ["resident", "reserved"])
+def test_de_memory_readings_keep_the_tokens(tmp_path, reference, de_memory):
+    """Both readings of a DE's free memory (docs/paper.md §3, §7): with one decode slot, resident memory lets
+    rank 0 place requests whose KV then waits in the DE buffer for the slot (the DE reports each move into
+    it, `KvIn`); reserved memory holds them back at rank 0. Either way every request ends with the
+    reference's tokens, and the DE decodes one at a time: no two requests' decode spans overlap."""
+    report, tokens = _run(tmp_path, de_memory, policy="dualpath", decode_slots=1, de_memory=de_memory)
+    assert tokens == reference
+    cols = load_run(str(tmp_path / de_memory)).requests
+    order = np.argsort(cols["first_token"] + cols["ttst"])
+    second, done = (cols["first_token"] + cols["ttst"])[order], cols["done"][order]
+    assert (second[1:] >= done[:-1]).all()
+
+
 def test_chunked_prefill(tmp_path, reference):
     """Prefill cut into chunks gives the reference tokens; each chunk's pass is counted by shape."""
     report, tokens = _run(tmp_path, "chunked", policy="de-only", prefill_chunk=48)  # 150-token first turns: 4 chunks

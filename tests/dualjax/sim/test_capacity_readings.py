@@ -50,6 +50,8 @@ def test_readings_share_their_runs_and_order_their_capacities(monkeypatch):
     assert 4.0 / 1.9 * 0.99 <= mean["capacity_aps"] <= 4.0 / 1.9  # bisected to within 1 %
     assert tail["capacity_aps"] < mean["capacity_aps"] and tail["reading"] == "p99"
     assert len(calls) - runs == len(set(calls)) - len(set(calls[:runs]))  # only APS not run before
+    with pytest.raises(ValueError, match="one setting"):  # another setting's trials are not these
+        search.find_capacity(cfg, policy="basic", log=lambda *_: None, cache=cache)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -101,6 +101,9 @@ def test_a_failing_point_is_reported_and_the_others_finish(tmp_path, monkeypatch
     bad = points[1]
     assert list(outcome.failed) == [bad.id] and "injected" in open(outcome.failed[bad.id]).read()
     assert not bad.done(str(tmp_path)) and points[0].done(str(tmp_path))
+    monkeypatch.setattr(sw, "simulate", real)  # fixed: the next sweep runs it, and its failure file goes
+    again = run_tasks(points, str(tmp_path), jobs=1, progress=False)
+    assert again.ran == [bad.id] and not os.path.exists(outcome.failed[bad.id])
 
 
 def test_grid_axes_and_bad_grids():
@@ -139,6 +142,7 @@ def test_ranks_split_the_points_once_each_costliest_first():
     points = grid(["dualpath"], workloads=["paper-32k"], seeds=list(range(7)), agents=2) + \
         grid(["dualpath"], workloads=["paper-32k"], seeds=list(range(3)), agents=20)
     shares = [share(points, r, 3) for r in range(3)]
+    assert all([p.cost() for p in s] == sorted((p.cost() for p in s), reverse=True) for s in shares)
     ids = [p.id for s in shares for p in s]
     assert sorted(ids) == sorted(p.id for p in points)
     loads = [sum(p.cost() for p in s) for s in shares]
@@ -155,6 +159,18 @@ def test_a_policy_object_runs_in_the_pool(tmp_path):
     mine, builtin = rows
     assert mine["policy"] == "tests.dualjax.sim.sweep_policy:AlwaysDe"
     assert mine["jct_s"] == builtin["jct_s"] and mine["de_tokens"] == builtin["de_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_mpiexec_refuses_a_bad_grid_in_one_line(tmp_path):
+    """Under mpiexec a bad grid is one line from rank 0 and exit code 2, every rank ending cleanly."""
+    from dualjax.runtime.launch import mpiexec
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.cli.main", "sim", "sweep",
+           "--policies", "nosuch", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "unknown policy 'nosuch'" in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow

@@ -1,0 +1,67 @@
+"""Resident DE memory (`de_memory="resident"`, docs/paper.md §3): placement takes a DE's load but not its
+memory, which the owner's `kv_in` takes when a request's KV moves in. The fast scheduler and the plain
+reference must still decide alike, driven by the same random events as in test_reference_scheduler.py
+plus the moves in (each live request's KV moves in after its prefill, before it finishes)."""
+
+import random
+
+import pytest
+
+from dualjax.core.reference import ReferenceScheduler
+from dualjax.core.scheduler import RequestView, Scheduler, Thresholds, Waiting
+from tests.dualjax.core.test_reference_scheduler import POLICIES, cluster
+
+SCENARIOS, ROUNDS = 16, 16
+
+
+def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
+    rng = random.Random(seed)
+    th = Thresholds(rng.randint(500, 5000), rng.randint(2000, 20000), rng.choice([1.0, 1.5, 5.0]))
+    engines = cluster(rng, th, rng.choice(["tight", "mixed"]))
+    fast = Scheduler(POLICIES[name](), th, engines, naive=naive, de_memory="resident")
+    ref = ReferenceScheduler(POLICIES[name](), th, engines, naive=naive, de_memory="resident")
+    ranks, nodes = [e.rank for e in engines], sorted({e.node for e in engines})
+    w_fast, w_ref, live, n = Waiting(), Waiting(), [], 0
+
+    def both(method: str, *args) -> None:
+        getattr(fast, method)(*args)
+        getattr(ref, method)(*args)
+
+    for rnd in range(ROUNDS):
+        for _ in range(rng.randint(0, 4)):
+            block = rng.choice([16, 64])
+            prompt = rng.randint(1, 3000)
+            r = RequestView(n, rng.randint(0, 5), rnd, prompt, block * rng.randint(0, prompt // block),
+                            rng.randint(1, 500), block)
+            w_fast.append(r)
+            w_ref.append(r)
+            n += 1
+        for d in list(live):  # [decision, stage]: 0 prefilling, 1 KV waiting in the DE buffer, 2 decoding
+            if d[1] == 0 and rng.random() < 0.5:
+                both("update", d[0].pe, -1, -d[0].pe_tokens)
+                d[1] = 1
+            elif d[1] == 1 and rng.random() < 0.5:
+                both("kv_in", d[0].de, d[0].request.total_tokens)
+                d[1] = 2
+            elif d[1] == 2 and rng.random() < 0.3:
+                both("update", d[0].de, -1, -d[0].request.total_tokens)
+                live.remove(d)
+        for _ in range(rng.randint(0, 2)):
+            both("set_read_queue", rng.choice(nodes), rng.randint(0, int(2 * th.alpha_tokens)))
+        got, want = fast.schedule(w_fast), ref.schedule(w_ref)
+        where = f"{name} seed={seed} naive={naive} round={rnd}"
+        assert ([(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in got]
+                == [(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in want]), where
+        assert [fast.view(r) for r in ranks] == [ref.view(r) for r in ranks], where
+        assert [r.id for r in w_fast] == [r.id for r in w_ref], where
+        live += [[d, 0] for d in got]
+        tally["decisions"] += len(got)
+        tally["moved in"] += sum(d[1] == 2 for d in live)
+
+
+@pytest.mark.parametrize("name", ["dualpath", "round-robin", "dualpath-recompute", "steer"])
+def test_fast_and_reference_schedulers_decide_alike_with_resident_memory(name):
+    tally = {"decisions": 0, "moved in": 0}
+    for seed in range(SCENARIOS):
+        run_scenario(name, seed, naive=seed % 2 == 1, tally=tally)
+    assert tally["decisions"] > 200 and tally["moved in"] > 100, tally
