@@ -10,6 +10,14 @@ Reads really come from the store; only the per-host bandwidth limit is emulated.
 A read fetches the Full Blocks of one request into a host buffer, either block-major or
 **layer-major** (layer 0 of every block, then layer 1, ...): the same bytes, but layerwise
 prefill can start computing layer l as soon as `ticket.wait_layer(l)` returns.
+
+A read may carry a **deadline** (a time of the NIC's clock). It then goes block-major, whole blocks
+in prefix order (one a read on a capped link), so that what the deadline keeps is a prefix of whole
+blocks; its layers are all ready when it ends or is cut. From the deadline on it issues no further
+reads, a read that comes in after it is dropped (its task is waited for, so nothing writes into the
+buffer once the ticket is done; the store's pins are released as usual and nothing is marked bad),
+and `valid` counts the leading blocks that came in time. An emulated link is held until the
+deadline (the block in flight then is lost) and frees after it.
 """
 
 from __future__ import annotations
@@ -43,8 +51,11 @@ class ReadTicket:
     """Progress of one queued read. `valid` = leading blocks read and checked so far: a bad
     piece makes its block and every later block a miss (they are then not read at all)."""
 
-    def __init__(self, store: BlockStore, hashes: list[str], out: np.ndarray, layer_major: bool, tokens: int):
+    def __init__(self, store: BlockStore, hashes: list[str], out: np.ndarray, layer_major: bool, tokens: int,
+                 deadline: float | None = None):
         self.store, self.hashes, self.out, self.layer_major, self.tokens = store, list(hashes), out, layer_major, tokens
+        self.deadline = deadline  # the NIC's clock; None: none
+        self.dropped = 0  # pieces (a block, or a layer of one) abandoned: not read, or read late and dropped
         self.valid = len(hashes)
         self.layers_done = 0
         self._cond = threading.Condition()
@@ -108,12 +119,13 @@ class StorageNIC:
         self._thread.start()
 
     def read(self, store: BlockStore, hashes: list[str], out: np.ndarray | None = None, layer_major: bool = False,
-             tokens_per_block: int | None = None) -> ReadTicket:
-        """Queue a read of `hashes` into `out` [n, L, T, *record] (allocated when None)."""
+             tokens_per_block: int | None = None, deadline: float | None = None) -> ReadTicket:
+        """Queue a read of `hashes` into `out` [n, L, T, *record] (allocated when None); `deadline` (this
+        NIC's clock): what has not come in by then is abandoned."""
         if out is None:
             out = store.layout.empty(len(hashes))
         tokens = len(hashes) * (tokens_per_block or store.layout.block_tokens)
-        ticket = ReadTicket(store, hashes, out, layer_major, tokens)
+        ticket = ReadTicket(store, hashes, out, layer_major, tokens, deadline)
         with self._cond:
             if self._closed:  # its thread is gone: the read would wait forever
                 raise RuntimeError(f"storage NIC {self.name} is closed")
@@ -162,12 +174,24 @@ class StorageNIC:
         inflight: collections.deque[_InFlight] = collections.deque()
         valid, done_per_layer = n, collections.Counter()
         reads = RequestReads(t.store, t.hashes, t.out)
+        deadline, cut = t.deadline, False  # cut: the deadline has passed, nothing more is issued
 
         def collect():
             nonlocal valid
             b0, b1, layers, batch, due = inflight.popleft()
-            ok = reads.collect(batch) if batch is not None else []
-            time.sleep(max(0.0, due - self.clock()))  # in the buffer already; delivered when the link is through
+            late = False
+            if deadline is not None and batch is not None:  # in by the deadline, or dropped
+                while not reads.done(batch) and self.clock() < deadline:
+                    time.sleep(0.001)
+                late = not reads.done(batch)
+            if late:  # wait for it all the same: nothing may write into `out` once the ticket is done
+                if batch.fut is not None:
+                    batch.fut.result()
+                t.dropped += batch.b1 - b0
+                ok = []
+            else:
+                ok = reads.collect(batch) if batch is not None else []
+                time.sleep(max(0.0, due - self.clock()))  # in the buffer already; delivered when the link is through
             ok += [False] * (b1 - b0 - len(ok))  # blocks past a known miss, skipped
             if not all(ok):
                 valid = min(valid, b0 + ok.index(False))
@@ -191,17 +215,32 @@ class StorageNIC:
         # layer's Layer Blocks are short reads a block apart (3.3x as long for `small` on a virtual disk). Its
         # layers are then all ready at the end, no sooner. Capped, the emulated link's order stays.
         try:
-            layer_major = t.layer_major and (self.cap is not None or not reads.cold())
-            batches = t._batches(min(self.batch_bytes, _CAPPED_BATCH) if self.cap else self.batch_bytes, layer_major)
+            layer_major = t.layer_major and (self.cap is not None or not reads.cold()) and deadline is None
+            size = min(self.batch_bytes, _CAPPED_BATCH) if self.cap or deadline is not None else self.batch_bytes
+            if deadline is not None and self.cap:  # whole blocks, one a read: the deadline keeps each one in
+                size = layout.block_bytes
+            batches = t._batches(size, layer_major)
             for i, (b0, b1, layers) in enumerate(batches):
                 good = min(max(valid, b0), b1)  # blocks past a known miss are skipped, still accounted for
+                if not cut and deadline is not None and good > b0 and self.clock() >= deadline:
+                    cut = True
+                if cut:  # past the deadline: issued no more
+                    t.dropped += good - b0
+                    good = b0
                 batch, due = None, 0.0
                 if good > b0:
                     if self.cap:
                         cost = layout.layer_bytes * len(layers) * (good - b0) / self.cap
                         # the link runs on from where it was, so this host's own time between reads (issuing,
                         # collecting) does not add up read after read; a lag past _LAG_S is idle time, not debt
-                        self._link_free = due = max(self._link_free, self.clock() - (_LAG_S if i else 0.0)) + cost
+                        start = max(self._link_free, self.clock() - (_LAG_S if i else 0.0))
+                        if deadline is not None and start + cost > deadline:  # it cannot come in time
+                            self._link_free = max(self._link_free, deadline)  # held until then
+                            t.dropped += good - b0
+                            cut = True
+                            inflight.append(_InFlight(b0, b1, layers, None, 0.0))
+                            continue
+                        self._link_free = due = start + cost
                     batch = reads.submit(b0, good, layers)
                 inflight.append(_InFlight(b0, b1, layers, batch, due))
                 while len(inflight) >= self.window or (inflight and inflight[0].due <= self.clock() and (

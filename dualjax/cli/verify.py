@@ -4,9 +4,11 @@ One fixed workload (the tiny model by default, or `--model` a preset or checkpoi
 x 6 turns whose prompts cross several blocks)
 runs under PE-only, DE-only, a random path per request, the DualPath scheduler and plans (`PlanSweep`:
 every split of a request's hit blocks at a block boundary, and recomputed tails of none, some and all of
-them; the built-in split and recompute policies); layerwise on and off; embedded and under mpiexec; and as
-a reference that keeps no store and recomputes every prompt. Every store-backed run must produce
-bit-identical generated tokens, equal to the reference's.
+them; the built-in split and recompute policies); read deadlines (`DeadlineSweep`: on either side's read,
+firing before it starts, during it and after its end, behind a 1 MB/s storage NIC; `dualpath-deadline`
+and `hicache-timeout`); layerwise on and off; embedded and under mpiexec; and as a reference that keeps
+no store and recomputes every prompt. Every store-backed run must produce bit-identical generated
+tokens, equal to the reference's.
 
 `--hostfile` checks a cluster instead: `--hostfile N` on N hosts made as Linux namespaces of the machine
 verify runs on (`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hostfile FILE`
@@ -58,7 +60,31 @@ class PlanSweep(Policy):
         return Plan(de_tokens=(k - tail) // 2 * T, recompute_tokens=tail * T)
 
 
+class DeadlineSweep(Policy):
+    """Read deadlines that fire before a read starts, during it and after its end, on either side's read, in
+    turn (verify's policy): the n-th request with hit blocks gets (side, deadline) number n of `CASES`. During:
+    1.5 blocks' time at its node's storage NIC rate (a read of 2 or more blocks cannot end in it)."""
+    name = "deadline-sweep"
+    CASES = (("pe", "before"), ("de", "during"), ("pe", "during"), ("de", "after"), ("pe", "after"),
+             ("de", "before"))
+
+    def __init__(self):
+        self.n = 0
+
+    def path(self, request, pe, de):
+        if not request.hit_tokens:
+            return "pe"
+        side, when = self.CASES[self.n % len(self.CASES)]
+        self.n += 1
+        rate = (pe if side == "pe" else de).read_tokens_per_s
+        during = 1.5 * request.block_tokens / rate if rate and rate != float("inf") else 0.05
+        deadline = {"before": 0.0, "during": during, "after": 1e3}[when]
+        return Plan(de_tokens=request.hit_tokens if side == "de" else 0, deadline_s=deadline)
+
+
 PLAN_SWEEP = "dualjax.cli.verify:PlanSweep"
+DEADLINE_SWEEP = "dualjax.cli.verify:DeadlineSweep"
+DEADLINE_MBPS = 1.0  # the deadline runs' storage NICs: a block of `tiny` (32 KiB) takes 33 ms, reads are cut mid-way
 # (name, cluster, policy, layerwise, launcher)
 RUNS = [
     ("pe-layerwise-embedded", "1p1d", "pe-only", True, "embedded"),
@@ -76,9 +102,14 @@ RUNS = [
     ("split-layerwise-embedded", "2p2d", "dualpath-split", True, "embedded"),
     ("recompute-layerwise-embedded", "2p1d", "dualpath-recompute", True, "embedded"),
     ("plans-layerwise-mpiexec", "1p2d", PLAN_SWEEP, True, "mpiexec"),
+    ("deadlines-layerwise-embedded", "1p1d", DEADLINE_SWEEP, True, "embedded"),
+    ("dualpath-deadline-layerwise-embedded", "2p2d", "dualpath-deadline", True, "embedded"),
+    ("hicache-timeout-layerwise-embedded", "1p1d", "hicache-timeout:timeout_base_s=0.05", True, "embedded"),
+    ("deadlines-layerwise-mpiexec", "1p2d", DEADLINE_SWEEP, True, "mpiexec"),
 ]
+DEADLINES = {DEADLINE_SWEEP, "dualpath-deadline", "hicache-timeout:timeout_base_s=0.05"}  # behind DEADLINE_MBPS
 QUICK = [r for r in RUNS if r[0] in ("pe-layerwise-embedded", "de-layerwise-embedded", "random-basic-embedded",
-                                     "plans-layerwise-embedded")]
+                                     "plans-layerwise-embedded", "deadlines-layerwise-embedded")]
 # (name, cluster, policy, layerwise) of `--hostfile`
 HOST_RUNS = [("de-layerwise-1p2d-hosts", "1p2d", "de-only", True),
              ("dualpath-layerwise-2p2d-hosts", "2p2d", "dualpath", True)]
@@ -104,9 +135,20 @@ def plans_of(out_dir: str, block_tokens: int) -> dict:
             "recomputed_blocks": {k: sorted(v) for k, v in sorted(tails.items())}}
 
 
+def deadlines_of(out_dir: str) -> dict:
+    """What a real run's read deadlines did: requests with hit blocks by what their reads kept by the
+    deadline: none (fired before the read, or before its first block), part (fired during it) or all."""
+    t = load_run(out_dir, ["hit_tokens", "recomputed_tokens"]).requests
+    kept = collections.Counter("none" if not hit else "part" if rec else "all"
+                               for hit, rec in zip(t["hit_tokens"], t["recomputed_tokens"]) if hit + rec)
+    return {k: kept[k] for k in ("none", "part", "all")}
+
+
 def run_one(base: RunConfig, name: str, cluster: str, policy: str, layerwise: bool, launcher: str, out: str):
     cfg = base.replace(cluster=ClusterSpec.parse(cluster), policy=policy, layerwise=layerwise,
                        out=os.path.join(out, name), store=os.path.join(out, name, "store"))
+    if policy in DEADLINES:
+        cfg = cfg.replace(snic_mbps=DEADLINE_MBPS)
     shutil.rmtree(cfg.out, ignore_errors=True)
     if launcher == "embedded":
         run_embedded(cfg, progress=False)
@@ -141,6 +183,8 @@ def verify(out: str, quick: bool = False, agents: int | None = None, turns: int 
                      progress=progress)
             if policy == PLAN_SWEEP:
                 result.setdefault("plans", {})[name] = plans_of(os.path.join(out, name), base.block_tokens)
+            if policy in DEADLINES:
+                result.setdefault("deadlines", {})[name] = deadlines_of(os.path.join(out, name))
     result["identical"] = not result["mismatches"]
     result["wall_s"] = time.time() - t0
     return result

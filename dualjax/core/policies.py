@@ -51,10 +51,20 @@ class Plan:
     """How one request's hit prefix (its `hit_tokens`, whole blocks) reaches its prefill: the DE reads
     the first `de_tokens` and relays them to the PE layer by layer, the PE reads the hit tokens after
     those, and the last `recompute_tokens` are not loaded: the PE computes them with the miss tokens.
-    Both are whole blocks. "pe" is `Plan()`, "de" is `Plan(de_tokens=request.hit_tokens)`."""
+    Both are whole blocks. "pe" is `Plan()`, "de" is `Plan(de_tokens=request.hit_tokens)`.
+
+    `deadline_s` (None: none) bounds the storage read, in seconds after the request is placed: the
+    blocks not delivered by then are abandoned and the PE recomputes them as a tail with the miss
+    tokens (layerwise reads by one side only: a split plan takes no deadline; Basic ignores it)."""
 
     de_tokens: int = 0
     recompute_tokens: int = 0
+    deadline_s: float | None = None
+
+    def show(self) -> str:
+        """The plan as a policy author wrote it: without `deadline_s` when it has none."""
+        tail = "" if self.deadline_s is None else f", deadline_s={self.deadline_s!r}"
+        return f"Plan(de_tokens={self.de_tokens!r}, recompute_tokens={self.recompute_tokens!r}{tail})"
 
     def loaded(self, request) -> int:
         """Hit tokens loaded from storage, by either side."""
@@ -74,6 +84,12 @@ class Plan:
         if self.de_tokens + self.recompute_tokens > request.hit_tokens:
             return (f"de_tokens={self.de_tokens} + recompute_tokens={self.recompute_tokens} exceed the request's "
                     f"{request.hit_tokens} hit tokens")
+        if self.deadline_s is not None:
+            d = self.deadline_s
+            if not isinstance(d, numbers.Real) or isinstance(d, bool) or not d >= 0:
+                return f"deadline_s={d!r} is not None or a number of seconds >= 0"
+            if self.de_tokens and self.pe_tokens(request):
+                return "a deadline bounds a read by one side: a split plan (both sides read) takes none"
         return None
 
     def label(self, request) -> str:
@@ -97,7 +113,7 @@ def as_plan(choice, request, policy) -> tuple[Plan, str]:
         raise PolicyError(f"policy {policy.name!r} chose path {choice!r} for request {request.id}; "
                           f"a path is 'pe', 'de' or a Plan")
     if (why := choice.problem(request)) is not None:
-        raise PolicyError(f"policy {policy.name!r} chose {choice} for request {request.id}: {why}")
+        raise PolicyError(f"policy {policy.name!r} chose {choice.show()} for request {request.id}: {why}")
     return choice, choice.label(request)
 
 
@@ -408,8 +424,9 @@ class HiCacheBestEffort(HiCacheWait):
 
 class HiCacheTimeout(HiCacheWait):
     """SGLang HiCache's `timeout` prefetch (its default): the prefill waits for the prefix up to
-    `timeout_base_s + timeout_per_ki_token_s * H / 1024` seconds, then recomputes what has not arrived.
-    Predicted here: the whole blocks the reading NIC delivers, behind its queue, within that time."""
+    `timeout_base_s + timeout_per_ki_token_s * H / 1024` seconds, then recomputes what has not arrived:
+    that time is the plan's read deadline (`Plan.deadline_s`), so what arrives is what the storage NIC
+    delivers, not a prediction. Below `prefetch_threshold` hit tokens everything is recomputed."""
     name = "hicache-timeout"
 
     def __init__(self, prefetch_threshold: int = 256, timeout_base_s: float = 1.0,
@@ -423,7 +440,37 @@ class HiCacheTimeout(HiCacheWait):
         if hit < self.prefetch_threshold:
             return _load_prefix(request, side, 0)
         limit = self.timeout_base_s + self.timeout_per_ki_token_s * hit / 1024
-        return _load_prefix(request, side, min(hit, _readable(pe if side == "pe" else de, limit)))
+        return Plan(de_tokens=hit if side == "de" else 0, deadline_s=limit)
+
+
+def recompute_s(request, pe) -> float | None:
+    """Seconds the PE needs to compute `request`'s hit tokens rather than load them, after its own queue:
+    `tokens / prefill_tokens_per_s + prefill_s(0, prompt) - prefill_s(H, miss)` (without a fit, H at
+    `prefill_tokens_per_s`); None without a rate."""
+    rate, fit, hit = pe.prefill_tokens_per_s, pe.prefill_s, request.hit_tokens
+    if not rate:
+        return None
+    extra = fit(0, request.prompt_tokens) - fit(hit, request.miss_tokens) if fit else hit / rate
+    return pe.tokens / rate + max(0.0, extra)
+
+
+class DualPathDeadline(DualPath):
+    """DualPath's side, with a read deadline of what recomputing the hit would cost the PE: its own queue
+    plus the extra time a pass over the hit as new tokens takes (`recompute_s`), times `factor`, at least
+    `min_s`. A read that has not delivered by then would end the request later than computing it: its
+    remaining blocks are recomputed. No rate in the PE's view: no deadline (DualPath)."""
+    name = "dualpath-deadline"
+
+    def __init__(self, factor: float = 1.0, min_s: float = 0.0):
+        self.factor, self.min_s = factor, min_s
+
+    def path(self, request, pe, de):
+        side = super().path(request, pe, de)
+        s = recompute_s(request, pe)
+        if s is None or not request.hit_tokens:
+            return side
+        return Plan(de_tokens=request.hit_tokens if side == "de" else 0,
+                    deadline_s=max(self.min_s, self.factor * s))
 
 
 class LlmdSelective(_FieldRule):
@@ -444,8 +491,8 @@ class LlmdSelective(_FieldRule):
 
 
 POLICIES = {cls.name: cls for cls in (Basic, PeOnly, DeOnly, RoundRobin, Random, DualPath, DualPathSplit,
-                                      DualPathRecompute, LlmdPull, HitRatio, HiCacheWait, HiCacheBestEffort,
-                                      HiCacheTimeout, LlmdSelective)}
+                                      DualPathRecompute, DualPathDeadline, LlmdPull, HitRatio, HiCacheWait,
+                                      HiCacheBestEffort, HiCacheTimeout, LlmdSelective)}
 
 
 class PolicyError(ValueError, KeyError):

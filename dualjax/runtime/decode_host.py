@@ -130,7 +130,8 @@ class DecodeHost(Host):
             self.transport.send(a.pe, Ready(a.request.id))
             if a.de_blocks:  # the leading hit blocks this DE reads and relays (all of them on the DE path)
                 hashes = [b.hash for b in live.ids[:a.de_blocks]]
-                ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.de_blocks], layer_major=a.layerwise)
+                ticket = self.snic.read(self.store, hashes, out=live.rkv.blocks[:a.de_blocks], layer_major=a.layerwise,
+                                        deadline=a.read_by)
                 self.spawn(self._relay, live, ticket, name=f"relay{a.request.id}")
             self.expect_read(a, -1)
 

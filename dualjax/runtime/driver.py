@@ -77,10 +77,13 @@ class Driver:
         for d in self.scheduler.schedule(self.waiting):
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
-            a = Assign(req, d.pe, d.de, path, d.plan.loaded(r) // T, layerwise_for(self.policy, self.cfg.layerwise),
-                       time.time(), d.plan.de_tokens // T, r.hit_tokens // T)
+            layerwise = layerwise_for(self.policy, self.cfg.layerwise)
+            a = Assign(req, d.pe, d.de, path, d.plan.loaded(r) // T, layerwise, time.time(), d.plan.de_tokens // T,
+                       r.hit_tokens // T, d.plan.deadline_s if layerwise else None)  # Basic: no deadline
             self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled, pe_load=d.pe_tokens,
                                       de_tokens=d.plan.de_tokens, recomputed_tokens=d.plan.recompute_tokens)
+            if a.deadline_s is not None:  # what its read abandons is recomputed (`_complete`)
+                self.records[r.id]["read_deadline"] = a.deadline_s
             self.transport.send(d.pe, a)
             self.transport.send(d.de, a)
 
@@ -89,6 +92,8 @@ class Driver:
         T = self.layout.block_tokens
         rec.update(hit_tokens=msg.hit_blocks * T, miss_tokens=rec["prompt_tokens"] - msg.hit_blocks * T,
                    de_tokens=min(rec["de_tokens"], msg.hit_blocks * T), generated=msg.tokens, **msg.times)
+        if rec.pop("read_deadline", None) is not None:  # the stored blocks not loaded were recomputed
+            rec["recomputed_tokens"] = rec["planned_hit_blocks"] * T - msg.hit_blocks * T
         self.scheduler.update(rec["de"], -1, -(req.prompt_len + req.gen_len))
         agent, turn = rec["agent"], rec["turn"]
         self.context[agent] = np.concatenate([req.tokens, np.asarray(msg.tokens, np.int32)])

@@ -20,7 +20,7 @@ import kvstore
 import models
 from dualjax.core.config import RunConfig
 from dualjax.core.records import HostStats, SnicStats, StoreStats
-from dualjax.runtime.messages import EngineState, Shutdown, StatsRequest, Warm
+from dualjax.runtime.messages import Assign, EngineState, Shutdown, StatsRequest, Warm
 from dualjax.runtime.store import open_store, run_layout, run_model
 from dualjax.runtime.transport import HostFailure, Transport
 
@@ -134,6 +134,9 @@ class Host:
                 if isinstance(msg, StatsRequest):
                     self.transport.send(src, self.stats())
                     continue
+                if isinstance(msg, Assign) and msg.deadline_s is not None and self.snic is not None:
+                    # a read deadline counts from placement: from receipt here, on this host's NIC clock
+                    msg = dataclasses.replace(msg, read_by=self.snic.clock() + msg.deadline_s)
                 self.handle(src, msg)
         except HostFailure:  # another host failed and already said why
             pass

@@ -42,6 +42,8 @@ class Assign:
     scheduled: float
     de_blocks: int = 0
     stored_blocks: int = 0
+    deadline_s: float | None = None  # the plan's read deadline, seconds after placement (layerwise only)
+    read_by: float | None = None  # that deadline on the reading host's storage NIC clock, set on receipt
 
     def reads(self, role: str) -> int:
         """Hit blocks the host of `role` ("prefill" or "decode") reads from storage."""

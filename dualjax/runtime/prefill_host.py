@@ -147,7 +147,8 @@ class PrefillHost(Host):
         rkv, ticket = RequestKV(self.layout, a.hit_blocks * self.layout.block_tokens, self.buffer.pool), None
         if a.reads(self.role):
             hashes = [b.hash for b in block_chain(a.request.tokens, self.layout)[a.de_blocks:a.hit_blocks]]
-            ticket = self.snic.read(self.store, hashes, out=rkv.blocks[a.de_blocks:], layer_major=a.layerwise)
+            ticket = self.snic.read(self.store, hashes, out=rkv.blocks[a.de_blocks:], layer_major=a.layerwise,
+                                    deadline=a.read_by)
         if a.de_blocks:  # the DE reads its share; tell it we have room for its relay
             self.transport.send(a.de, Ready(a.request.id))
         self.expect_read(a, -1)

@@ -43,6 +43,7 @@ from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
 from dualjax.core.sessions import SessionTable
 from dualjax.core.streams import stream
+from dualjax.sim.deadline import cut_read, hold
 from dualjax.sim.decode import DecodeEngine, DecodeSide
 from dualjax.sim.prefill import PeGroup, PrefillEngine, PrefillSide, Row
 from dualjax.sim.profiles import Hardware, ModelCost
@@ -135,6 +136,7 @@ class Simulation(PrefillSide, DecodeSide):
         # (end, order, node, tokens) of the reads whose end wakes nothing: no event of their own; the scheduler's
         # read queues shrink by those due before the event that next places requests (`_schedule`)
         self.reads_due: list = []
+        self.deadlines: dict[int, float] = {}  # a placed row's read deadline, by request (`dualjax.sim.deadline`)
         self.seeded, self.wall_s = False, 0.0  # `run`: the agents' starts queued; its wall time so far
         self.tick = itertools.count(1).__next__  # events due at the same time run in the order queued
         self.now = 0.0
@@ -340,6 +342,8 @@ class Simulation(PrefillSide, DecodeSide):
         loaded = r.hit_tokens - recompute  # `Plan.loaded`
         c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, recompute
         row = Row(rid, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de)  # misses + the tail
+        if plan.deadline_s is not None and loaded and self.layerwise:  # Basic loads its batches whole: none
+            self.deadlines[rid] = self.now + plan.deadline_s
         pe.rows.append(row)
         de.node.buffer.reserve(r.prompt_tokens * self.kvb, self._admitted, row, pe, de)
 
@@ -368,6 +372,9 @@ class Simulation(PrefillSide, DecodeSide):
         if tokens and self.hw.free_io:
             self.scheduler.set_read_queue(node.id, self.scheduler.read_queue(node.id) - tokens)
             tokens = 0
+        cut = None
+        if tokens and self.deadlines:
+            tokens, cut = cut_read(self, row, node, tokens)
         if not tokens:
             row.t0 = row.t1 = self.now
             if not into_hbm:
@@ -376,6 +383,8 @@ class Simulation(PrefillSide, DecodeSide):
         nbytes = tokens * self.kvb
         t1 = node.snic.reserve(self.now, nbytes)
         t0 = node.snic.start
+        if cut is not None:  # abandoned at the deadline: the NIC frees then
+            hold(node.snic, self.now, cut)
         node.account_read(t0, t1, nbytes)
         written = node.dram.reserve(self.now, nbytes)  # into the host buffer
         if written > t1:
