@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dualjax.core.policies import Policy, as_plan
+from dualjax.core.policies import Policy, choose_engines, decide
 from dualjax.core.scheduler import Decision, EngineView, Thresholds
 
 
@@ -125,7 +125,7 @@ class ReferenceScheduler:
             if r is None:
                 return out
             g = self.group_of[r.id]
-            forced = self.policy.engines(r, *self._views()) if self._overrides() else None
+            forced = choose_engines(self.policy, r, *self._views()) if self._overrides() else None
             if forced:
                 pe, de = forced
             else:
@@ -170,7 +170,7 @@ class ReferenceScheduler:
         out = []
         while waiting:
             r = next(iter(waiting))
-            forced = self.policy.engines(r, *self._views()) if self._overrides() else None
+            forced = choose_engines(self.policy, r, *self._views()) if self._overrides() else None
             if forced:
                 pe, de = forced
             else:
@@ -187,7 +187,7 @@ class ReferenceScheduler:
         return out
 
     def _place(self, r, pe: int, de: int) -> Decision:
-        plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
+        plan, path = decide(self.policy, r, self.view(pe), self.view(de))
         pe_tokens = r.prompt_tokens + round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
         self.update(pe, 1, pe_tokens)
         self.update(de, 1, r.total_tokens, memory=r.total_tokens if self.de_memory == "reserved" else 0)

@@ -39,7 +39,7 @@ from array import array
 
 import numpy as np
 
-from dualjax.core.policies import Plan, Policy, as_plan, direct_init
+from dualjax.core.policies import Plan, Policy, choose_engines, decide, direct_init
 from dualjax.core.waiting import GroupQueue, Waiting
 
 ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: tokens a PE prefills in 5 s
@@ -336,7 +336,7 @@ class Scheduler:
                 continue
             queue = self.group_queues[g]
             r = queue[0]
-            forced = self.policy.engines(r, *self._views()) if self._overrides else None
+            forced = choose_engines(self.policy, r, *self._views()) if self._overrides else None
             if not forced and pe is None:
                 pe = self.pick_pe(r)
                 if pe is None:
@@ -380,7 +380,7 @@ class Scheduler:
 
     def _decide(self, r: RequestView, pe: int, de: int, group: int | None = None) -> Decision:
         """Apply a placement; `group`: the DE group whose queue `r` was placed from (its load counts r)."""
-        plan, path = as_plan(self.policy.path(r, self.view(pe), self.view(de)), r, self.policy)
+        plan, path = decide(self.policy, r, self.view(pe), self.view(de))
         pe_tokens = r.prompt_tokens
         if plan.recompute_tokens:  # a recomputed token weighs as a new one
             pe_tokens += round(plan.recompute_tokens * (self.th.new_token_weight - 1.0))
@@ -403,7 +403,7 @@ class Scheduler:
         out, n_pe, n_de = [], len(self.pe_tokens), len(self.de_list)
         while waiting:
             r = waiting[0]
-            forced = self.policy.engines(r, *self._views()) if self._overrides else None
+            forced = choose_engines(self.policy, r, *self._views()) if self._overrides else None
             if forced:
                 pe, de = forced
             else:
@@ -443,6 +443,7 @@ class Scheduler:
         fits = [i for i, f in enumerate(free) if f >= need]
         if not fits:
             self._de_blocked[g] = r.id
+            self._pending.discard(g)  # blocked until one of its DEs changes, whatever marked it before
             return None
         head = queue.head_tokens(sum(free)) if queue is not None else need
         z = 1.05 * ((head if head >= need else need) + sum(t)) / len(t)

@@ -177,7 +177,8 @@ def test_a_module_that_cannot_be_imported_says_where_modules_are_found(tmp_path,
                            "brokenpolicies.py:3: no store configured")
 
 
-@pytest.mark.parametrize("cls,fault", [("NotAPath", "chose path 'both' for request"),
+@pytest.mark.parametrize("cls,fault", [("Raises", "raised KeyError at custom_policy.py:24 in path for request 0"),
+                                       ("NotAPath", "chose path 'both' for request"),
                                        ("HalfBlock", "is not a whole number of 64-token blocks"),
                                        ("NeedsMargin", "cannot be built from no arguments")])
 def test_the_simulator_ends_in_one_line_and_exit_code_2(capsys, cls, fault):

@@ -241,3 +241,16 @@ def test_kill_9_of_mpi_rank(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0 and time.time() - t0 < 30
     assert "a host failed" in err
+
+
+def test_the_embedded_runtime_ends_in_one_line_and_keeps_the_traceback(tmp_path, capsys):
+    """A policy that raises while rank 0 places requests: one line naming the policy, the request and the
+    author's line, exit 2, and the traceback kept in the run's failure file."""
+    from dualjax.cli import main as cli
+    out = tmp_path / "run"
+    rc = cli.main(["run", "--embedded", "--quiet", "--cluster", "1p1d", "--model", "tiny", "--workload",
+                   "agentic-tiny", "--agents", "2", "--turns", "2", "--policy",
+                   "tests.dualjax.core.custom_policy:Raises", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "raised KeyError at custom_policy.py:24 in path for request" in err
+    assert "custom_policy.py" in (out / "failed-rank0.txt").read_text() and str(out / "failed-rank0.txt") in err
