@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
+from dualjax.core.lengths import max_hit_blocks
 from dualjax.core.policies import Policy, layerwise_for
 from dualjax.core.records import HostStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
@@ -64,7 +65,7 @@ class Driver:
         req = Request(next(self.ids), agent, turn, prompt, step.gen_len, time.time())
         hit = 0
         if self.store is not None:
-            max_hit = (len(prompt) - 1) // self.layout.block_tokens  # at least one token is computed
+            max_hit = max_hit_blocks(len(prompt), self.layout.block_tokens)  # at least one token is computed
             hit = self.store.match_prefix([b.hash for b in block_chain(prompt, self.layout)[:max_hit]])
         self.requests[req.id] = req
         self.waiting.append(RequestView(req.id, agent, turn, req.prompt_len, hit * self.layout.block_tokens,

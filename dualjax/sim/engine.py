@@ -20,8 +20,8 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
    the HBM is full; the DE decodes it in a continuous batch (`decode.py`). What the scheduler counts
    as a DE's free memory, `de_memory`: resident (the HBM held now) or reserved (from placement).
 
-Hits follow the runtime's store: a turn hits every full block of the agent's previous context
-(prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
+Hits follow the runtime's store (`dualjax.core.lengths.hit_tokens`): a turn hits every full block of the
+agent's previous context (prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dualjax.core.config import SimConfig
+from dualjax.core.lengths import at_block, decode_capacity, hit_tokens, longest_context
 from dualjax.core.policies import Policy, get_policy, layerwise_for
 from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
@@ -49,6 +50,7 @@ from dualjax.sim.prefill import PeGroup, PrefillEngine, PrefillSide, Row
 from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
+from models.presets import PRESETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2, "split": 3}
 FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "second_token", "done",
@@ -101,10 +103,11 @@ class Simulation(PrefillSide, DecodeSide):
         self.cfg, self.hw, self.model = cfg, hw, model
         self.trace = trace  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
         if trace is None:
-            longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
+            longest = longest_context(zip(append, gen))
         else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
             longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
-        self.capacity = DEFAULT_BUCKETS.prefix(longest + 1)  # as `dualjax.runtime.decode_host.decode_capacity`
+        context = PRESETS[cfg.model].max_seq_len if cfg.model in PRESETS else math.inf  # a test's toy model: none
+        self.capacity = decode_capacity(longest, context, DEFAULT_BUCKETS)  # as the runtime's
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
         # each agent's turn lengths as flat arrays: indexing one gives a Python int (numpy's: a numpy scalar)
@@ -290,10 +293,10 @@ class Simulation(PrefillSide, DecodeSide):
     def _submit(self, agent: int) -> None:
         k, ctx = self.next_turn[agent], self.context[agent]
         prompt, gen = ctx + self.append[agent][k], self.gen[agent][k]
-        hit = ((ctx - 1) // self.T) * self.T if (k and self.cfg.use_store) else 0
+        hit = hit_tokens(ctx, prompt, self.T, self.cfg.use_store)
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
-            hit = min(int(self.trace.hit[agent][k]), prompt - 1) // self.T * self.T if self.cfg.use_store else 0
+            hit = at_block(int(self.trace.hit[agent][k]), prompt, self.T) if self.cfg.use_store else 0
         if prompt + gen > self.de_mem:
             raise SimError(f"agent {agent} turn {k} needs {prompt + gen} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
