@@ -36,6 +36,7 @@ import numpy as np
 import scipy.optimize
 
 import models
+from dualjax.bench import common
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.core.paths import local_profile
 from dualjax.core.records import PassTally
@@ -218,10 +219,9 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
 
 def _timed(what: str, fn, *args, **kwargs):
     """`fn(*args, **kwargs)`, logging its wall seconds (what calibration spends where, for the wall bounds)."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    log.info("calibrate: %s %.1f s", what, time.perf_counter() - t0)
-    return out
+    t = common.timed(fn, *args, **kwargs)
+    log.info("calibrate: %s %.1f s", what, t.wall_s)
+    return t.result
 
 
 def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str | None = None,
