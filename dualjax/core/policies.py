@@ -290,13 +290,7 @@ class DualPathRecompute(DualPath):
 # -- the field's load-or-recompute rules (docs/policies.md, "Baselines from the field") --------------
 
 SIDES = ("pe", "de", "dualpath")
-
-
-def _side(side: str, pe, de) -> str:
-    """"pe" or "de": `side` itself, or DualPath's choice (the shorter storage read queue) for "dualpath"."""
-    if side == "dualpath":
-        return "pe" if pe.read_q_tokens <= de.read_q_tokens else "de"
-    return side
+_DUALPATH = DualPath()
 
 
 def _load_prefix(request, side: str, loaded: int):
@@ -308,6 +302,11 @@ def _load_prefix(request, side: str, loaded: int):
     return Plan(de_tokens=loaded if side == "de" else 0, recompute_tokens=request.hit_tokens - loaded)
 
 
+def _with_deadline(request, side: str, seconds: float) -> Plan:
+    """`side` reads every hit block, under a read deadline of `seconds` (`Plan.deadline_s`)."""
+    return Plan(de_tokens=request.hit_tokens if side == "de" else 0, deadline_s=seconds)
+
+
 def _readable(reader, seconds: float) -> float:
     """Tokens `reader`'s storage NIC delivers for a new read within `seconds`, behind its queue."""
     R = reader.read_tokens_per_s
@@ -316,9 +315,10 @@ def _readable(reader, seconds: float) -> float:
     return seconds * R - reader.read_q_tokens
 
 
-class _FieldRule(Policy):
+class LoadOrRecompute(Policy):
     """A rule from another system: `side` ("pe", the default: the engine that prefills reads, as in
-    those systems; "de"; or "dualpath", the shorter read queue) reads what the rule loads."""
+    those systems; "de"; or "dualpath", DualPath's choice, the shorter read queue) reads the first
+    `loaded(request, pe, de, side)` hit tokens, rounded down to a block; the PE recomputes the rest."""
 
     side = "pe"
 
@@ -328,8 +328,16 @@ class _FieldRule(Policy):
         if self.side not in SIDES:
             raise ValueError(f"side={self.side!r}: one of {', '.join(SIDES)}")
 
+    def path(self, request, pe, de):
+        side = _DUALPATH.path(request, pe, de) if self.side == "dualpath" else self.side
+        return _load_prefix(request, side, self.loaded(request, pe, de, side))
 
-class LlmdPull(_FieldRule):
+    def loaded(self, request, pe, de, side: str) -> int:
+        """Hit tokens `side` ("pe" or "de") loads: `request.hit_tokens` for all, 0 to recompute them all."""
+        raise NotImplementedError
+
+
+class LlmdPull(LoadOrRecompute):
     """llm-d's cost-aware pull-or-recompute (llm-d-router issues 2273, 2443): load the H hit tokens only
     when t0 + H * beta + setup < T_recompute * (1 + L / B), beta = 1 / R the reading node's storage
     NIC, T_recompute the PE's idle time to compute them (`prefill_s(0, prompt) - prefill_s(H, miss)`, or
@@ -343,20 +351,19 @@ class LlmdPull(_FieldRule):
         super().__init__(side)
         self.t0_s, self.setup_s, self.batch_tokens, self.read_queue = t0_s, setup_s, batch_tokens, read_queue
 
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
+    def loaded(self, request, pe, de, side):
         hit = request.hit_tokens
         reader, rate = pe if side == "pe" else de, pe.prefill_tokens_per_s
         R = reader.read_tokens_per_s
         if not hit or not R or not rate or not math.isfinite(R):
-            return side
+            return hit
         pull = self.t0_s + hit / R + self.setup_s + (reader.read_q_tokens / R if self.read_queue else 0.0)
         fit = pe.prefill_s
         idle = fit(0, request.prompt_tokens) - fit(hit, request.miss_tokens) if fit else hit / rate
-        return side if pull < idle * (1 + pe.tokens / self.batch_tokens) else _load_prefix(request, side, 0)
+        return hit if pull < idle * (1 + pe.tokens / self.batch_tokens) else 0
 
 
-class HitRatio(_FieldRule):
+class HitRatio(LoadOrRecompute):
     """Mooncake's cache-aware threshold (Conductor, arXiv 2407.00079 §6, Algorithm 1): load the prefix
     when it is a large enough share of the prompt, `hit_tokens / prompt_tokens >= threshold`; else
     recompute it all. No cost model."""
@@ -366,14 +373,11 @@ class HitRatio(_FieldRule):
         super().__init__(side)
         self.threshold = threshold
 
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        if request.hit_tokens >= self.threshold * request.prompt_tokens:
-            return side
-        return _load_prefix(request, side, 0)
+    def loaded(self, request, pe, de, side):
+        return request.hit_tokens if request.hit_tokens >= self.threshold * request.prompt_tokens else 0
 
 
-class HiCacheWait(_FieldRule):
+class HiCacheWait(LoadOrRecompute):
     """SGLang HiCache's `wait_complete` prefetch: a prefix of at least `prefetch_threshold` hit tokens
     is loaded whole before the prefill; a shorter one is recomputed (HiCache does not prefetch it)."""
     name = "hicache-wait"
@@ -382,9 +386,8 @@ class HiCacheWait(_FieldRule):
         super().__init__(side)
         self.prefetch_threshold = prefetch_threshold
 
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        return side if request.hit_tokens >= self.prefetch_threshold else _load_prefix(request, side, 0)
+    def loaded(self, request, pe, de, side):
+        return request.hit_tokens if request.hit_tokens >= self.prefetch_threshold else 0
 
 
 class HiCacheBestEffort(HiCacheWait):
@@ -394,15 +397,13 @@ class HiCacheBestEffort(HiCacheWait):
     idle PE: none). Below `prefetch_threshold` everything is recomputed."""
     name = "hicache-best-effort"
 
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        rate = pe.prefill_tokens_per_s
-        if request.hit_tokens < self.prefetch_threshold:
-            return _load_prefix(request, side, 0)
+    def loaded(self, request, pe, de, side):
+        hit, rate = request.hit_tokens, pe.prefill_tokens_per_s
+        if hit < self.prefetch_threshold:
+            return 0
         if not rate:
-            return side
-        return _load_prefix(request, side, min(request.hit_tokens,
-                                               _readable(pe if side == "pe" else de, pe.tokens / rate)))
+            return hit
+        return int(min(hit, _readable(pe if side == "pe" else de, pe.tokens / rate)))
 
 
 class HiCacheTimeout(HiCacheWait):
@@ -418,12 +419,11 @@ class HiCacheTimeout(HiCacheWait):
         self.timeout_base_s, self.timeout_per_ki_token_s = timeout_base_s, timeout_per_ki_token_s
 
     def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
+        got = super().path(request, pe, de)  # the side, or below the threshold every block recomputed
         hit = request.hit_tokens
         if hit < self.prefetch_threshold:
-            return _load_prefix(request, side, 0)
-        limit = self.timeout_base_s + self.timeout_per_ki_token_s * hit / 1024
-        return Plan(de_tokens=hit if side == "de" else 0, deadline_s=limit)
+            return got
+        return _with_deadline(request, got, self.timeout_base_s + self.timeout_per_ki_token_s * hit / 1024)
 
 
 def recompute_s(request, pe) -> float | None:
@@ -452,11 +452,10 @@ class DualPathDeadline(DualPath):
         s = recompute_s(request, pe)
         if s is None or not request.hit_tokens:
             return side
-        return Plan(de_tokens=request.hit_tokens if side == "de" else 0,
-                    deadline_s=max(self.min_s, self.factor * s))
+        return _with_deadline(request, side, max(self.min_s, self.factor * s))
 
 
-class LlmdSelective(_FieldRule):
+class LlmdSelective(LoadOrRecompute):
     """llm-d's selective KV load (llm-d-router pull request 2833, "1024 + 8"): load when the prefix has
     at least `min_tokens` hit tokens and the PE has fewer than `max_waiting` requests (`seq`); else
     recompute it all."""
@@ -466,11 +465,8 @@ class LlmdSelective(_FieldRule):
         super().__init__(side)
         self.min_tokens, self.max_waiting = min_tokens, max_waiting
 
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        if request.hit_tokens >= self.min_tokens and pe.seq < self.max_waiting:
-            return side
-        return _load_prefix(request, side, 0)
+    def loaded(self, request, pe, de, side):
+        return request.hit_tokens if request.hit_tokens >= self.min_tokens and pe.seq < self.max_waiting else 0
 
 
 POLICIES = {cls.name: cls for cls in (Basic, PeOnly, DeOnly, RoundRobin, Random, DualPath, DualPathSplit,
