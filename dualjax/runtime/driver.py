@@ -74,13 +74,11 @@ class Driver:
                                 "gen_len": req.gen_len, "planned_hit_blocks": hit, "arrival": req.arrival}
 
     def _dispatch(self) -> None:
-        T = self.layout.block_tokens
         for d in self.scheduler.schedule(self.waiting):
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
             layerwise = layerwise_for(self.policy, self.cfg.layerwise)
-            a = Assign(req, d.pe, d.de, path, d.plan.loaded(r) // T, layerwise, time.time(), d.plan.de_tokens // T,
-                       r.hit_tokens // T, d.plan.deadline_s if layerwise else None)  # Basic: no deadline
+            a = Assign.placed(d, req, path, layerwise, time.time())  # the plan in blocks
             self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled, pe_load=d.pe_tokens,
                                       de_tokens=d.plan.de_tokens, recomputed_tokens=d.plan.recompute_tokens)
             if a.deadline_s is not None:  # what its read abandons is recomputed (`_complete`)

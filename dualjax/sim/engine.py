@@ -341,10 +341,9 @@ class Simulation(PrefillSide, DecodeSide):
         pe, de = self.engines[d.pe], self.engines[d.de]
         path = d.path if self.cfg.use_store else "none"
         c.scheduled[rid], c.pe[rid], c.de[rid], c.path[rid] = self.now, d.pe, d.de, PATH_CODES[path]
-        recompute = plan.recompute_tokens
-        loaded = r.hit_tokens - recompute  # `Plan.loaded`
-        c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, recompute
-        row = Row(rid, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de)  # misses + the tail
+        row = Row.placed(d, path, de)  # the plan in the row's terms
+        loaded = row.cached
+        c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, plan.recompute_tokens
         if plan.deadline_s is not None and loaded and self.layerwise:  # Basic loads its batches whole: none
             self.deadlines[rid] = self.now + plan.deadline_s
         pe.rows.append(row)
