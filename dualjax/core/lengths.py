@@ -6,10 +6,11 @@ one prompt token (its first output token comes from the last prompt position), s
 at most `(prompt - 1) // block_tokens` blocks (`max_hit_blocks`). A turn of a synthetic agent or a
 trajectory file hits every full block of the agent's previous context that has KV: after a turn of
 `context` tokens (its prompt and its generation) the last generated token was never fed back, so
-`context - 1` tokens have KV (`hit_tokens`). A recorded session's hits come from another source, its
-hash ids (`dualjax.core.sessions`), and take the same rounding (`at_block`). The runtime asks its
-store how many of the leading `max_hit_blocks` blocks it holds; the simulator, `dualjax workload
-stats`, the runtime's warm start and the report's trace hit rate take `hit_tokens` or `at_block`.
+`context - 1` tokens have KV (`kv_blocks`, `hit_tokens`). A recorded session's hits come from
+another source, its hash ids (`dualjax.core.sessions`), and take the same rounding (`at_block`). The
+runtime asks its store how many of the leading `max_hit_blocks` blocks it holds; the simulator,
+`dualjax workload stats`, the runtime's warm start and the report's trace hit rate take `hit_tokens`
+or `at_block`, and the simulator counts the blocks a DE writes back with `kv_blocks`.
 
 Decode capacity. A decode slot holds the workload's longest context (prompt + generation) plus one
 token, padded to its prefix bucket (`models.buckets`) and capped at the model's context
@@ -34,6 +35,13 @@ def at_block(hit, prompt, block_tokens: int):
     if isinstance(hit, np.ndarray) or isinstance(prompt, np.ndarray):
         return np.maximum(np.minimum(hit, prompt - 1), 0) // block_tokens * block_tokens
     return max(min(hit, prompt - 1), 0) // block_tokens * block_tokens
+
+
+def kv_blocks(context, block_tokens: int):
+    """Full blocks with KV once a turn of `context` tokens (its prompt and generation) has decoded: the
+    last generated token is never fed back, so `context - 1` tokens have KV (the decode host writes
+    each block to the store as it fills)."""
+    return (context - 1) // block_tokens
 
 
 def hit_tokens(context, prompt, block_tokens: int, use_store: bool = True):

@@ -94,6 +94,18 @@ def ep_groups(nodes: int, gpus_per_node: int, ep_gpus: int) -> list[int]:
     return [nodes // n + (1 if i < nodes % n else 0) for i in range(n)]
 
 
+def slot_tokens(model: str, append: list[np.ndarray], gen: list[np.ndarray], trace: SessionTable | None = None) -> int:
+    """Tokens per decode slot of a simulation of agents of these (append, gen) lengths per turn (or a
+    recorded `trace`'s prompts), as the runtime sizes them (`dualjax.core.lengths.decode_capacity`):
+    capped at the `model` preset's context (none for a model that is not a preset: a test's toy)."""
+    if trace is None:
+        longest = longest_context(zip(append, gen))
+    else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
+        longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
+    context = PRESETS[model].max_seq_len if model in PRESETS else math.inf
+    return decode_capacity(longest, context, DEFAULT_BUCKETS)
+
+
 class Simulation(PrefillSide, DecodeSide):
     """Run with `run()`; then `columns()` per request, `host_stats()` per node, `pe_summary()`."""
 
@@ -102,12 +114,7 @@ class Simulation(PrefillSide, DecodeSide):
                  progress: bool = True, trace: SessionTable | None = None):
         self.cfg, self.hw, self.model = cfg, hw, model
         self.trace = trace  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
-        if trace is None:
-            longest = longest_context(zip(append, gen))
-        else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
-            longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
-        context = PRESETS[cfg.model].max_seq_len if cfg.model in PRESETS else math.inf  # a test's toy model: none
-        self.capacity = decode_capacity(longest, context, DEFAULT_BUCKETS)  # as the runtime's
+        self.capacity = slot_tokens(cfg.model, append, gen, trace)
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
         # each agent's turn lengths as flat arrays: indexing one gives a Python int (numpy's: a numpy scalar)

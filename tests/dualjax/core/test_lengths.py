@@ -3,7 +3,7 @@ figures worked out by hand."""
 
 import numpy as np
 
-from dualjax.core.lengths import at_block, decode_capacity, hit_tokens, longest_context, max_hit_blocks
+from dualjax.core.lengths import at_block, decode_capacity, hit_tokens, kv_blocks, longest_context, max_hit_blocks
 from models.buckets import Buckets
 
 
@@ -48,3 +48,9 @@ def test_decode_capacity_by_hand():
 def test_longest_context_by_hand():
     """Agents (appends 10, 3 and gens 2, 1) and (append 4, gen 4): contexts 16 and 8, the longest 16."""
     assert longest_context([(np.array([10, 3]), np.array([2, 1])), (np.array([4]), np.array([4]))]) == 16
+
+
+def test_kv_blocks_by_hand():
+    """A turn of 9 tokens (prompt + generation) leaves 8 with KV: 2 full 4-token blocks; 8 tokens leave
+    7: 1 block; 1 token leaves none."""
+    assert kv_blocks(9, 4) == 2 and kv_blocks(8, 4) == 1 and kv_blocks(1, 4) == 0
