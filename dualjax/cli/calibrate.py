@@ -198,8 +198,8 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
     compute at once) after one that compiles. The bare passes are timed right after each run: this
     machine's speed drifts by ~10% over minutes, and the ratio must not. The hosts do more than the
     bare model: prefix assembly per layer, sends, per-slot bookkeeping."""
+    from dualjax.runtime.cluster.runner import run_embedded
     from dualjax.runtime.decode_host import decode_capacity
-    from dualjax.runtime.launch import run_embedded
     ratios, steps = [], []
     for attempt in range(runs + 1):
         cfg = RunConfig(ClusterSpec(1, 1), model=model, workload=workload, agents=1, turns=6,

@@ -11,7 +11,7 @@ no store and recomputes every prompt. Every store-backed run must produce bit-id
 tokens, equal to the reference's.
 
 `--hostfile` checks a cluster instead: `--hostfile N` on N hosts made as Linux namespaces of the machine
-verify runs on (`dualjax.runtime.netns`, root: MPI between them can only use the network), `--hostfile FILE`
+verify runs on (`dualjax.runtime.cluster.netns`, root: MPI between them can only use the network), `--hostfile FILE`
 on the hosts of a hostfile (`slurm`: the allocation's). It runs 1P2D with DE reads (every hit block relayed
 DE -> PE between hosts) and 2P2D with DualPath's scheduler, each launched as `dualjax run --hostfile`
 launches; their tokens must equal the embedded reference's, and MPI must have moved the KV over the
@@ -36,7 +36,7 @@ import time
 from dualjax.core.config import ClusterSpec, ConfigError, RunConfig
 from dualjax.core.policies import Plan, Policy
 from dualjax.outputs import load_run, write_json
-from dualjax.runtime.launch import launch_mpi, mpiexec_cmd, run_embedded
+from dualjax.runtime.cluster.runner import launch_mpi, mpiexec_cmd, run_embedded
 
 
 class PlanSweep(Policy):
@@ -221,11 +221,11 @@ def _host_run(name: str, cfg: RunConfig, run, net_bytes) -> dict:
 def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, result: dict,
              progress: bool = True) -> dict:
     """HOST_RUNS across hosts, compared with `reference` into `result`: `hosts` namespaced hosts made
-    here (`dualjax.runtime.netns`), or the hosts of a hostfile (or `slurm`), started by Hydra's
+    here (`dualjax.runtime.cluster.netns`), or the hosts of a hostfile (or `slurm`), started by Hydra's
     launcher. Returns each run's `_host_run` (or why it was skipped: too few hosts). Raises
     NetnsError where namespaced hosts cannot be made."""
-    from dualjax.runtime.netns import Hosts
-    from dualjax.runtime.placement import Placement, PlacementError, read_nodes
+    from dualjax.runtime.cluster.netns import Hosts
+    from dualjax.runtime.cluster.placement import Placement, PlacementError, read_nodes
     made = Hosts(hosts) if isinstance(hosts, int) else contextlib.nullcontext()
     runs = {}
     with made:
@@ -251,7 +251,7 @@ def on_hosts(base: RunConfig, hosts: int | str, out: str, reference: dict, resul
 def hosts_arg(text: str | None) -> int | str | None:
     """`--hostfile`: a number of namespaced hosts (>= 2), or a hostfile (or `slurm`), whose hosts are read
     now: a hostfile that lists none is refused before the reference runs."""
-    from dualjax.runtime.placement import read_nodes
+    from dualjax.runtime.cluster.placement import read_nodes
     if text is None:
         return text
     if not text.isdigit():
@@ -265,7 +265,7 @@ def hosts_arg(text: str | None) -> int | str | None:
 
 
 def main(args) -> int:
-    from dualjax.runtime.netns import NetnsError
+    from dualjax.runtime.cluster.netns import NetnsError
     try:
         result = verify(args.out, quick=args.quick, model=args.model, hosts=hosts_arg(args.hostfile),
                         progress=not args.quiet)

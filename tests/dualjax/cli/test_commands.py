@@ -152,7 +152,7 @@ def test_run_prints_its_summary_line_on_stdout_embedded_and_under_mpiexec_quiet_
     """The run's result is one line on stdout however it was launched; --quiet drops progress, not it."""
     import json
 
-    from dualjax.runtime.launch import summary_line
+    from dualjax.runtime.cluster.runner import summary_line
     for launcher, quiet in ((["--embedded"], ["--quiet"]), ([], ["--quiet"]), ([], [])):
         out = tmp_path / f"{'embedded' if launcher else 'mpiexec'}{'-quiet' if quiet else ''}"
         assert main(["run", *launcher, *quiet, "--agents", "2", "--turns", "2", "--out", str(out)]) == 0

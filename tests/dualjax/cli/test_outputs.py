@@ -19,7 +19,7 @@ from dualjax.cli.main import main
 from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
 from dualjax.core.report import REQUEST_COLUMNS, SCHEMA_VERSION
 from dualjax.outputs import OutputError, load_run, read_table, report_json, write_table
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.sim import simulate
 from dualjax.sim.profiles import PAPER_H800
 

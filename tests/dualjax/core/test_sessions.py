@@ -22,7 +22,7 @@ from dualjax.core.sessions import (
     turn_shape,
 )
 from dualjax.core.workload import TRACE_SHAPE, WorkloadError, load_workload
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
 from tests.dualjax.core.trace_fixtures import session_requests, two_sessions, write_session

@@ -5,7 +5,7 @@ import pytest
 
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 
 BASE = RunConfig(ClusterSpec(1, 1), model="deepseek-tiny", workload="agentic-tiny", agents=3, turns=3)
 

@@ -23,7 +23,7 @@ import pytest
 
 from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from kvstore.posix import PosixBackend
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=2, turns=3, policy="dualpath")

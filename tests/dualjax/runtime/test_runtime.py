@@ -19,9 +19,9 @@ from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.report import REQUEST_COLUMNS
 from dualjax.outputs import load_run
+from dualjax.runtime.cluster.runner import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.decode_host import DecodeHost
 from dualjax.runtime.host import shared
-from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
 from tests.dualjax.runtime.failing_host import failing
 

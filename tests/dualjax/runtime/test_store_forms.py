@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dualjax.cli.verify import tokens_of
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.runtime.store import open_store, run_location
 from tests.dualjax.runtime.test_runtime import BASE
 
