@@ -16,9 +16,9 @@ import sys
 import pytest
 
 import models
-from dualjax.cli.verify import tokens_of, verify
 from dualjax.runtime.cluster.netns import Hosts, unavailable
 from dualjax.runtime.cluster.runner import mpiexec
+from dualjax.runtime.verify import tokens_of, verify
 from kvstore import BlockStore, local_spec
 from tests.dualjax.runtime.test_runtime import BASE, REPO
 

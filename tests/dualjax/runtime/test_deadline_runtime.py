@@ -61,8 +61,8 @@ def test_an_abandoned_read_gives_the_reference_tokens_and_leaves_nothing_held(tm
 
 
 def _verify_runs(tmp_path, launcher):
-    from dualjax.cli.verify import RUNS, deadlines_of, run_one
     from dualjax.core.config import RunConfig
+    from dualjax.runtime.verify import RUNS, deadlines_of, run_one
     base = RunConfig(BASE.cluster, model="tiny", workload="agentic-tiny", agents=3, turns=4)
     want = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", str(tmp_path))
     runs = [r for r in RUNS if r[0].startswith("deadlines-") and r[4] == launcher]
