@@ -50,13 +50,13 @@ class PlanSweep(Policy):
         self.seen = collections.Counter()
 
     def path(self, request, pe, de) -> Plan:
-        T = request.block_tokens
-        k = request.hit_tokens // T
+        block = request.block_tokens
+        k = request.hit_tokens // block
         n, self.seen[k] = self.seen[k], self.seen[k] + 1
         if n <= k:
-            return Plan(de_tokens=n * T)
+            return Plan(de_tokens=n * block)
         tail = k if n == k + 1 or k < 2 else 1 + (n - k - 2) % (k - 1)
-        return Plan(de_tokens=(k - tail) // 2 * T, recompute_tokens=tail * T)
+        return Plan(de_tokens=(k - tail) // 2 * block, recompute_tokens=tail * block)
 
 
 class DeadlineSweep(Policy):
