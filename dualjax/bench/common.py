@@ -11,6 +11,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -27,6 +28,28 @@ def show_progress() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
     if logging.getLogger("dualjax").level == logging.NOTSET:  # unless --log-level set it
         logging.getLogger("dualjax").setLevel(logging.INFO)
+
+
+class Timed(NamedTuple):
+    """One timed call: when it started (`time.perf_counter`), its wall seconds, this process's CPU
+    seconds meanwhile (every thread), and what it returned."""
+
+    start: float
+    wall_s: float
+    cpu_s: float
+    result: Any
+
+
+def timed(fn, *args, **kwargs) -> Timed:
+    """`fn(*args, **kwargs)`, timed (`Timed`)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    result = fn(*args, **kwargs)
+    return Timed(t0, time.perf_counter() - t0, time.process_time() - c0, result)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    """Decimal gigabytes per second of `nbytes` moved in `seconds`."""
+    return nbytes / seconds / 1e9
 
 
 def timeit(fn, repeats: int = 5, warmup: int = 1) -> float:

@@ -51,9 +51,11 @@ from dualjax.bench.common import (
     bench_args,
     drop_page_cache,
     emit,
+    gbps,
     load_page_cache,
     machine,
     raw_parallel_read,
+    timed,
     trials_within,
 )
 from dualjax.core.config import number
@@ -70,17 +72,11 @@ MIN_TRIALS = 3
 MAX_WALL_S, QUICK_MAX_WALL_S = 120.0, 40.0  # --max-wall-s's defaults
 
 
-def _gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
-
-
-def _timed(fn, *args) -> tuple:
-    """(wall seconds, this process's CPU seconds, all threads) of `fn(*args)`; and when `fn` returns
-    the `perf_counter` time its first layer reached the computation, the seconds until then."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    first = fn(*args)
-    timed = time.perf_counter() - t0, time.process_time() - c0
-    return (*timed, first - t0) if isinstance(first, float) else timed
+def _trial(fn, *args) -> tuple:
+    """(wall seconds, this process's CPU seconds, all threads) of `fn(*args)` (`common.timed`); and when
+    `fn` returns the `perf_counter` time its first layer reached the computation, the seconds until then."""
+    t = timed(fn, *args)
+    return (t.wall_s, t.cpu_s, t.result - t.start) if isinstance(t.result, float) else (t.wall_s, t.cpu_s)
 
 
 class Data:
@@ -207,10 +203,10 @@ def store_read(d: Data, nic: kv.StorageNIC, rkvs: list[RequestKV]) -> None:
 def device_stages(d: Data, rkvs: list[RequestKV]) -> dict:
     """h2d and d2h alone, every layer (wall seconds, CPU seconds)."""
     layers = [rkv.layer(layer, d.nb * d.T) for rkv in rkvs for layer in range(d.L)]  # views: no gather stage
-    h2d = _timed(lambda: [jax.device_put(x).block_until_ready() for x in layers])
+    h2d = _trial(lambda: [jax.device_put(x).block_until_ready() for x in layers])
     dev = [jax.device_put(np.array(x)) for x in layers]  # device-owned copies (not aliases of the host buffer)
     jax.block_until_ready(dev)
-    d2h = _timed(lambda: [np.asarray(x) for x in dev])
+    d2h = _trial(lambda: [np.asarray(x) for x in dev])
     return {"h2d": h2d, "d2h": d2h}
 
 
@@ -235,14 +231,14 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
     def ratio(base: str, path: str) -> float:  # paired within a trial (its figures ran back to back), then median
         return statistics.median(r[base][0] / r[path][0] for r in runs)
 
-    res = {"bytes": d.nbytes, "trials": len(runs), "raw_read_gbps": _gbps(d.nbytes, wall["raw"]),
-           "raw_parallel_read_gbps": _gbps(d.nbytes, wall["raw_parallel"]),
+    res = {"bytes": d.nbytes, "trials": len(runs), "raw_read_gbps": gbps(d.nbytes, wall["raw"]),
+           "raw_parallel_read_gbps": gbps(d.nbytes, wall["raw_parallel"]),
            "store_vs_raw": ratio("raw", "store_read"), "store_vs_raw_parallel": ratio("raw_parallel", "store_read")}
     if "store_read_fresh" in wall:
         res["store_fresh_vs_raw"] = ratio("raw", "store_read_fresh")
     bound_s = {}
     for name in ("pe", "de"):
-        res[f"{name}_gbps"] = _gbps(d.nbytes, wall[name])
+        res[f"{name}_gbps"] = gbps(d.nbytes, wall[name])
         res[f"{name}_vs_raw"] = ratio("raw", name)
         res[f"{name}_vs_raw_parallel"] = ratio("raw_parallel", name)
         res[f"{name}_vs_store"] = ratio("store_read", name)
@@ -250,7 +246,7 @@ def _summary(d: Data, runs: list[dict], cores: dict[str, int]) -> dict:
         bound_s[name] = statistics.median(bounds)
         res[f"{name}_bound_vs_raw"] = statistics.median(r["raw"][0] / b for r, b in zip(runs, bounds))
         res[f"{name}_vs_bound"] = statistics.median(b / r[name][0] for r, b in zip(runs, bounds))
-    res["stage_gbps"] = {k: _gbps(d.nbytes, v) for k, v in wall.items()}
+    res["stage_gbps"] = {k: gbps(d.nbytes, v) for k, v in wall.items()}
     res["stage_s"], res["cpu_s"] = wall, cpu
     device = {"h2d": res["stage_gbps"]["h2d"], "d2h": res["stage_gbps"]["d2h"]}
     res["stages"] = {
@@ -277,17 +273,17 @@ def measure_embedded(d: Data, trials: int, budget_s: float, cold: bool = False) 
     if not cold:  # the store read into memory new to the process, what a host without a buffer pool would read into
         run["store_read_fresh"] = lambda: store_read(d, nic, d.buffers())
 
-    def timed(fn):
+    def trial(fn):
         if cold:
             drop_page_cache(d.files)
-        return _timed(fn)
+        return _trial(fn)
     if not cold:
         load_page_cache(d.files)
     for fn in run.values():  # warm-up: compiles, pools (and the page cache's metadata)
         fn()
     runs = []
     for _ in trials_within(trials, budget_s, MIN_TRIALS):  # interleaved: load from other jobs hits every figure alike
-        runs.append({k: timed(fn) for k, fn in run.items()} | device_stages(d, pe_bufs))
+        runs.append({k: trial(fn) for k, fn in run.items()} | device_stages(d, pe_bufs))
     nic.close()
     cores = len(os.sched_getaffinity(0))
     return _summary(d, runs, {"pe": cores, "de": cores})
@@ -327,18 +323,18 @@ def under_mpi(out_path: str, workdir: str, requests: int, hit_tokens: int, trial
            "pe": alone(lambda: pe_path(d, nic, bufs)), "de": both(de_sender, d, nic, bufs),
            "relay": both(relay_sender, d, bufs)}
 
-    def timed(fn):
+    def trial(fn):
         _barrier(comm)
-        got = _timed(fn)
+        got = _trial(fn)
         _barrier(comm)
         return got
 
     for fn in run.values():
-        timed(fn)
+        trial(fn)
     runs = []
     go = trials_within(trials, budget_s, MIN_TRIALS)
     while comm.bcast(next(go, None) is not None if comm.rank == 0 else None):
-        got = {k: timed(fn) for k, fn in run.items()}
+        got = {k: trial(fn) for k, fn in run.items()}
         got |= device_stages(d, bufs) if comm.rank == 0 else {}
         _barrier(comm)  # rank 1 sleeps here while rank 0 times the device stages (a bcast would spin a core)
         runs.append(got)

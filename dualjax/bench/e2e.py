@@ -122,8 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the control and 1p1d basic / pe-only / dualpath under the PE memory budget")
 
 
-class Run(NamedTuple):
-    """A run after the control: its cluster and policy, under the PE memory budget or not, Basic's batches
+class Spec(NamedTuple):
+    """One run to make after the control: its cluster and policy, under the PE memory budget or not, Basic's batches
     ahead, the scheduler (full, or naive: round-robin engines and no compute quota), storage capped or not
     (the control again), which repeat of its configuration."""
 
@@ -244,7 +244,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
                           "computes it; layerwise reads into host DRAM and holds two layers per row on the device"}
     out["basic_ahead"] = {}  # cluster -> {batches ahead: JCT} of Basic without the budget
     overran, last_probe = [1.0], m.probes[-1]
-    done: dict[str, list] = {CONTROL: [(Run("1p1d", "basic", capped=False), m.control)]}  # by configuration
+    done: dict[str, list] = {CONTROL: [(Spec("1p1d", "basic", capped=False), m.control)]}  # by configuration
     for spec in m.runs:
         name, expect = _dir(spec), _cost(spec, k) * m.control["jct_s"]
         predicted = expect * max(overran) + m.overhead_s
@@ -297,7 +297,7 @@ def _naive(done: dict) -> dict:
     return out
 
 
-def _record(out: dict, spec: Run, r: dict, jct: float) -> None:
+def _record(out: dict, spec: Spec, r: dict, jct: float) -> None:
     """A capped run's figures into `_capped`'s tables (`jct`: its configuration's median JCT): under the
     memory budget by policy, Basic by its batches ahead, and the runs of the default settings by cluster
     and policy (the step without scheduling as `POLICY-naive`)."""
@@ -398,35 +398,35 @@ def speed_probe(model: str, shapes: list[tuple[int, int, int, int]]) -> float:
     return sum(n * prefill_seconds(model, prefix, new, repeats=1, rows=rows) for rows, new, prefix, n in shapes)
 
 
-def _planned(quick: bool, hbm_only: bool, repeats: int = 1) -> tuple[list[Run], int]:
+def _planned(quick: bool, hbm_only: bool, repeats: int = 1) -> tuple[list[Spec], int]:
     """(runs in order of importance, how many lead that always run): the --hbm set, the --quick set (each
     DualPath beside its step without scheduling), or the quick set, the rest of the --hbm set, then the
     others; each `repeats` times (`_repeated`)."""
-    hbm = [Run("1p1d", pol, hbm=True) for pol in HBM] + [Run("1p1d", "basic"), Run("1p1d", "basic", ahead=1)]
+    hbm = [Spec("1p1d", pol, hbm=True) for pol in HBM] + [Spec("1p1d", "basic"), Spec("1p1d", "basic", ahead=1)]
     if hbm_only:
         return _repeated(hbm, len(hbm), repeats)
     quick_runs = [r for c, pol in QUICK
-                  for r in [Run(c, pol)] + ([Run(c, pol, scheduler="naive")] if pol == "dualpath" and c in NAIVE
+                  for r in [Spec(c, pol)] + ([Spec(c, pol, scheduler="naive")] if pol == "dualpath" and c in NAIVE
                                             else [])]
     if quick:
         return _repeated(quick_runs, len(quick_runs), repeats)
     extra = [r for r in hbm if r not in quick_runs]
-    return _repeated(quick_runs + extra + [Run(c, pol) for c, pol in FULL[len(QUICK):]],
+    return _repeated(quick_runs + extra + [Spec(c, pol) for c, pol in FULL[len(QUICK):]],
                      len(quick_runs) + len(extra), repeats)
 
 
-def _repeated(configs: list[Run], essential: int, repeats: int) -> tuple[list[Run], int]:
+def _repeated(configs: list[Spec], essential: int, repeats: int) -> tuple[list[Spec], int]:
     """(runs, how many lead that always run): each configuration `repeats` times, round after round, the
     essential ones' rounds first (so that every configuration meets the machine's load as the others do);
     each round after the first also runs the uncapped control again (its first run, measured before
     these, sizes them)."""
-    control = Run("1p1d", "basic", capped=False)
+    control = Spec("1p1d", "basic", capped=False)
     head = [c._replace(repeat=k) for k in range(repeats) for c in ([control] if k else []) + configs[:essential]]
     tail = [c._replace(repeat=k) for k in range(repeats) for c in configs[essential:]]
     return head + tail, len(head)
 
 
-def _name(run: Run) -> str:
+def _name(run: Spec) -> str:
     """The run's configuration, by which repeats are grouped (the control's: `CONTROL`)."""
     if not run.capped:
         return CONTROL
@@ -434,13 +434,13 @@ def _name(run: Run) -> str:
             + ("-naive" if run.scheduler == "naive" else ""))
 
 
-def _dir(run: Run) -> str:
+def _dir(run: Spec) -> str:
     """The run's own name (its output directory under --out): its configuration's, and its repeat after
     the first."""
     return _name(run) + (f"-r{run.repeat}" if run.repeat else "")
 
 
-def _cost(run: Run, k: float) -> float:
+def _cost(run: Spec, k: float) -> float:
     """A run's predicted JCT in units of the control's: the control again 1; a capped run the storage
     factor over the run's storage NICs (Basic and PE-only read on P nodes, the others on P + D), at least
     one; Basic loading no batch ahead loads and computes in turn, so its compute adds to its loads."""

@@ -44,6 +44,7 @@ from dualjax.bench.common import (
     bench_args,
     drop_page_cache,
     emit,
+    gbps,
     load_page_cache,
     raw_parallel_read,
     show_progress,
@@ -97,10 +98,6 @@ def _now() -> tuple[float, float]:
 def _since(t0: tuple[float, float]) -> tuple[float, float]:
     t1 = _now()
     return t1[0] - t0[0], t1[1] - t0[1]
-
-
-def _gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
 
 
 def _store_read(store, hashes, rng, out, layer_major: bool = False) -> tuple[float, float]:
@@ -198,12 +195,12 @@ def read_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, budg
             nic_cold.append(_nic_read(nic, store, hashes, rkv))
         nic.close()
     nbytes = n * layout.block_bytes
-    read_cold, raw_read_cold, nic_read_cold = (_gbps(nbytes, statistics.median(w for w, _ in x))
+    read_cold, raw_read_cold, nic_read_cold = (gbps(nbytes, statistics.median(w for w, _ in x))
                                                for x in (cold, raw_cold, nic_cold))
-    raw_read_cold_direct = _gbps(nbytes, statistics.median(w for w, _ in raw_cold_direct)) if raw_cold_direct else None
-    read, raw_read, layer, layer_nic, fromfile = (_gbps(nbytes, statistics.median(w for w, _ in x))
+    raw_read_cold_direct = gbps(nbytes, statistics.median(w for w, _ in raw_cold_direct)) if raw_cold_direct else None
+    read, raw_read, layer, layer_nic, fromfile = (gbps(nbytes, statistics.median(w for w, _ in x))
                                                   for x in (s, r, lm, ln, f))
-    checked = _gbps(nbytes, statistics.median(w for w, _ in rc))
+    checked = gbps(nbytes, statistics.median(w for w, _ in rc))
     cpu, raw_cpu, layer_cpu, nic_cpu, checked_cpu = (statistics.median(c for _, c in x) for x in (s, r, lm, ln, rc))
     return {"block_bytes": layout.block_bytes, "blocks": n, "read_gbps": read, "raw_read_gbps": raw_read,
             "read_vs_raw": read / raw_read, "read_layer_major_gbps": layer, "read_layer_major_vs_raw": layer / raw_read,
@@ -240,7 +237,7 @@ def write_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bud
             raw = os.path.join(workdir, "raw-write.bin")
             times[key].append(_raw_write(raw, blocks, sync))
             os.remove(raw)
-    out = {k: _gbps(n * layout.block_bytes, statistics.median(w for w, _ in v)) for k, v in times.items()}
+    out = {k: gbps(n * layout.block_bytes, statistics.median(w for w, _ in v)) for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
     out["write_vs_raw"] = out["write_gbps"] / out["raw_write_gbps"]
     out["write_cpu_vs_raw"] = cpu["raw_write_gbps"] / cpu["write_gbps"]
@@ -301,7 +298,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
             for f in [dst[j].write(arr[int(i)]) for j, i in enumerate(np.random.default_rng(t).permutation(n))]:
                 f.result()
             times.append(time.perf_counter() - t0)
-        out[name] = _gbps(blocks.nbytes, statistics.median(times[1:]))
+        out[name] = gbps(blocks.nbytes, statistics.median(times[1:]))
     for name, spec in kvstores.items():
         store = ts.KvStore.open(spec, context=ctx).result()
         for f in [store.write(f"{i:08d}", blocks[i].tobytes()) for i in range(n)]:
@@ -313,7 +310,7 @@ def format_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, bu
             vals = [np.frombuffer(f.result().value, layout.np_dtype) for f in [store.read(f"{i:08d}") for i in order]]
             times.append(time.perf_counter() - t0)
         assert len(vals) == n
-        out[name] = _gbps(blocks.nbytes, statistics.median(times[1:]))
+        out[name] = gbps(blocks.nbytes, statistics.median(times[1:]))
     return out
 
 
@@ -333,10 +330,10 @@ def backend_figures(layout: kv.BlockLayout, n: int, workdir: str, trials: int, b
                 _store_read(store, hashes, rng, layout.empty(n))  # warm-up: the page cache and the entries
                 times[f"{io}_read"].append(_store_read(store, hashes, rng, layout.empty(n)))
             shutil.rmtree(path)
-    gbps = {k: _gbps(n * layout.block_bytes, statistics.median(w for w, _ in v)) for k, v in times.items()}
-    return {"tensorstore_read_gbps": gbps["tensorstore_read"], "tensorstore_write_gbps": gbps["tensorstore_write"],
-            "tensorstore_read_vs_posix": gbps["tensorstore_read"] / gbps["posix_read"],
-            "tensorstore_write_vs_posix": gbps["tensorstore_write"] / gbps["posix_write"],
+    rate = {k: gbps(n * layout.block_bytes, statistics.median(w for w, _ in v)) for k, v in times.items()}
+    return {"tensorstore_read_gbps": rate["tensorstore_read"], "tensorstore_write_gbps": rate["tensorstore_write"],
+            "tensorstore_read_vs_posix": rate["tensorstore_read"] / rate["posix_read"],
+            "tensorstore_write_vs_posix": rate["tensorstore_write"] / rate["posix_write"],
             "tensorstore_trials": len(times["posix_read"])}
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 import kvstore as kv
 import models
-from dualjax.bench.common import bench_args, emit, load_page_cache, show_progress, trials_within
+from dualjax.bench.common import bench_args, emit, load_page_cache, show_progress, timed, trials_within
 from dualjax.core.config import number
 from dualjax.outputs import output_file
 from dualjax.runtime.buffers import RequestKV
@@ -114,7 +114,7 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
             return _prefill(params, cfg, layout, tokens, hit, layer_of)
 
         compute()  # compile
-        cap_from = statistics.median(_timed(compute) for _ in range(2))
+        cap_from = statistics.median(timed(compute).wall_s for _ in range(2))
         cap = layout.block_bytes * hit / cap_from  # load takes about as long as compute
         nic = kv.StorageNIC("pe", cap_bytes_per_s=cap)
 
@@ -142,7 +142,7 @@ def measure(cfg, hit_tokens: int, miss: int, trials: int, budget_s: float) -> di
         steps, runs = [("compute", compute), ("load", load), ("layerwise", layerwise), ("basic", basic)], []
         for k in trials_within(trials, t_end - time.perf_counter()):
             k %= len(steps)
-            runs.append({name: _timed(fn) for name, fn in steps[k:] + steps[:k]})
+            runs.append({name: timed(fn).wall_s for name, fn in steps[k:] + steps[:k]})
             log.info("  trial %d: overlap %.3f", len(runs), _overlap(runs[-1]))
         track: list[int] = []
         layerwise(track)  # device memory tracked in a run of its own: scanning live arrays costs time
@@ -209,12 +209,6 @@ def main(argv=None, args=None) -> dict:
 def _overlap(times: dict) -> float:
     """max(load, compute) / layerwise: how much of the shorter one the layerwise pass hid."""
     return max(times["load"], times["compute"]) / times["layerwise"]
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -7,22 +7,22 @@ where `--hardware local` finds it from any working directory, or to `--json FILE
 directory (under `--dir`, default the working directory), removed when it ends: nothing else is
 written.
 
-What it measures, with the runtime's own code: `dualjax.runtime.calibrate`.
+What it measures, with the runtime's own code: `dualjax.bench.calibrate`.
 """
 
 from __future__ import annotations
 
+from dualjax.bench.calibrate import measure
 from dualjax.core.config import ConfigError
 from dualjax.core.paths import local_profile
 from dualjax.outputs import unwritable_file
-from dualjax.runtime.calibrate import measure
 from dualjax.sim.profiles import Hardware, save_hardware
 
 
 def calibrate(model: str = "small", workload: str = "agentic-e2e", store_dir: str | None = None,
               decode_slots: int = 8, block_tokens: int = 64, path: str | None = None, agents: int | None = None,
               turns: int | None = None, quick: bool = False, scratch: str | None = None) -> Hardware:
-    """Measure (`dualjax.runtime.calibrate.measure`, which says what each argument does), write the `local`
+    """Measure (`dualjax.bench.calibrate.measure`, which says what each argument does), write the `local`
     profile to `path` (default: `dualjax.core.paths.local_profile()`) and return it."""
     hw = Hardware(**measure(model, workload, store_dir, decode_slots, block_tokens, agents, turns, quick, scratch))
     save_hardware(hw, path or local_profile())

@@ -11,6 +11,10 @@ implement `path`; override `engines` to take over engine choice too:
 
 `path` may also return a `Plan`: the hit blocks split between the two sides at a block boundary,
 and a tail of them recomputed instead of loaded (docs/policies.md).
+
+This module holds the paper's policies and dualjax's plan policies; the load-or-recompute baselines of
+other systems (llm-d, Mooncake, SGLang HiCache) and `dualpath-deadline` are in `field_policies.py`.
+Every built-in is in `POLICIES` by name.
 """
 
 from __future__ import annotations
@@ -24,28 +28,11 @@ import numbers
 import os
 import traceback
 
+from dualjax.core.fastinit import direct_init
 from dualjax.core.streams import stream
 
 
-def direct_init(cls):
-    """Give frozen dataclass `cls` (with slots) an `__init__` that sets each slot through its descriptor:
-    the generated one goes through `object.__setattr__`, which costs ~70 % more, and a paper-scale
-    simulation builds millions of these snapshots. Fields with a plain default or none only (no
-    factories, no `__post_init__`)."""
-    fields = dataclasses.fields(cls)
-    if (any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields)
-            or hasattr(cls, "__post_init__") or "__slots__" not in cls.__dict__):
-        raise TypeError(f"direct_init supports slotted plain fields only, not {cls.__name__}'s")
-    ns = {f"_{f.name}": f.default for f in fields if f.default is not dataclasses.MISSING}
-    ns |= {f"_set_{f.name}": getattr(cls, f.name).__set__ for f in fields}
-    args = ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}=_{f.name}" for f in fields)
-    sets = "; ".join(f"_set_{f.name}(self, {f.name})" for f in fields)
-    exec(f"def __init__(self, {args}):\n    {sets}\n", ns)
-    cls.__init__ = ns["__init__"]
-    return cls
-
-
-@direct_init
+@direct_init  # a faster __init__, the same frozen dataclass (dualjax/core/fastinit.py)
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
     """How one request's hit prefix (its `hit_tokens`, whole blocks) reaches its prefill: the DE reads
@@ -304,195 +291,10 @@ class DualPathRecompute(DualPath):
         return Plan(de_tokens=request.hit_tokens - r if side == "de" else 0, recompute_tokens=r)
 
 
-# -- the field's load-or-recompute rules (docs/policies.md, "Baselines from the field") --------------
-
-SIDES = ("pe", "de", "dualpath")
-
-
-def _side(side: str, pe, de) -> str:
-    """"pe" or "de": `side` itself, or DualPath's choice (the shorter storage read queue) for "dualpath"."""
-    if side == "dualpath":
-        return "pe" if pe.read_q_tokens <= de.read_q_tokens else "de"
-    return side
-
-
-def _load_prefix(request, side: str, loaded: int):
-    """`side` reads the first `loaded` hit tokens (rounded down to a block), the PE recomputes the rest."""
-    T = request.block_tokens
-    loaded = max(0, min(request.hit_tokens, int(loaded) // T * T))
-    if loaded == request.hit_tokens:
-        return side
-    return Plan(de_tokens=loaded if side == "de" else 0, recompute_tokens=request.hit_tokens - loaded)
-
-
-def _readable(reader, seconds: float) -> float:
-    """Tokens `reader`'s storage NIC delivers for a new read within `seconds`, behind its queue."""
-    R = reader.read_tokens_per_s
-    if not R or not math.isfinite(R):
-        return math.inf
-    return seconds * R - reader.read_q_tokens
-
-
-class _FieldRule(Policy):
-    """A rule from another system: `side` ("pe", the default: the engine that prefills reads, as in
-    those systems; "de"; or "dualpath", the shorter read queue) reads what the rule loads."""
-
-    side = "pe"
-
-    def __init__(self, side: str | None = None):
-        if side is not None:
-            self.side = side
-        if self.side not in SIDES:
-            raise ValueError(f"side={self.side!r}: one of {', '.join(SIDES)}")
-
-
-class LlmdPull(_FieldRule):
-    """llm-d's cost-aware pull-or-recompute (llm-d-router issues 2273, 2443): load the H hit tokens only
-    when t0 + H * beta + setup < T_recompute * (1 + L / B), beta = 1 / R the reading node's storage
-    NIC, T_recompute the PE's idle time to compute them (`prefill_s(0, prompt) - prefill_s(H, miss)`, or
-    H / prefill_tokens_per_s without a fit), L the PE's queued tokens and B `batch_tokens`: R_eff =
-    R_peak / (1 + L / B), half the rate when a full batch is in flight. Else recompute them all.
-    `read_queue=True` adds the reading NIC's queue to the pull, q / R."""
-    name, side = "llmd-pull", "dualpath"
-
-    def __init__(self, t0_s: float = 0.0, setup_s: float = 0.0, batch_tokens: int = 8192,
-                 read_queue: bool = False, side: str | None = None):
-        super().__init__(side)
-        self.t0_s, self.setup_s, self.batch_tokens, self.read_queue = t0_s, setup_s, batch_tokens, read_queue
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        hit = request.hit_tokens
-        reader, rate = pe if side == "pe" else de, pe.prefill_tokens_per_s
-        R = reader.read_tokens_per_s
-        if not hit or not R or not rate or not math.isfinite(R):
-            return side
-        pull = self.t0_s + hit / R + self.setup_s + (reader.read_q_tokens / R if self.read_queue else 0.0)
-        fit = pe.prefill_s
-        idle = fit(0, request.prompt_tokens) - fit(hit, request.miss_tokens) if fit else hit / rate
-        return side if pull < idle * (1 + pe.tokens / self.batch_tokens) else _load_prefix(request, side, 0)
-
-
-class HitRatio(_FieldRule):
-    """Mooncake's cache-aware threshold (Conductor, arXiv 2407.00079 §6, Algorithm 1): load the prefix
-    when it is a large enough share of the prompt, `hit_tokens / prompt_tokens >= threshold`; else
-    recompute it all. No cost model."""
-    name = "hit-ratio"
-
-    def __init__(self, threshold: float = 0.5, side: str | None = None):
-        super().__init__(side)
-        self.threshold = threshold
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        if request.hit_tokens >= self.threshold * request.prompt_tokens:
-            return side
-        return _load_prefix(request, side, 0)
-
-
-class HiCacheWait(_FieldRule):
-    """SGLang HiCache's `wait_complete` prefetch: a prefix of at least `prefetch_threshold` hit tokens
-    is loaded whole before the prefill; a shorter one is recomputed (HiCache does not prefetch it)."""
-    name = "hicache-wait"
-
-    def __init__(self, prefetch_threshold: int = 256, side: str | None = None):
-        super().__init__(side)
-        self.prefetch_threshold = prefetch_threshold
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        return side if request.hit_tokens >= self.prefetch_threshold else _load_prefix(request, side, 0)
-
-
-class HiCacheBestEffort(HiCacheWait):
-    """SGLang HiCache's `best_effort` prefetch: the prefill starts when the PE is free, with whatever
-    part of the prefix has arrived by then; the rest is recomputed. Predicted here: the whole blocks the
-    reading NIC delivers, behind its queue, within the PE's own queue, tokens / prefill_tokens_per_s (an
-    idle PE: none). Below `prefetch_threshold` everything is recomputed."""
-    name = "hicache-best-effort"
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        rate = pe.prefill_tokens_per_s
-        if request.hit_tokens < self.prefetch_threshold:
-            return _load_prefix(request, side, 0)
-        if not rate:
-            return side
-        return _load_prefix(request, side, min(request.hit_tokens,
-                                               _readable(pe if side == "pe" else de, pe.tokens / rate)))
-
-
-class HiCacheTimeout(HiCacheWait):
-    """SGLang HiCache's `timeout` prefetch (its default): the prefill waits for the prefix up to
-    `timeout_base_s + timeout_per_ki_token_s * H / 1024` seconds, then recomputes what has not arrived:
-    that time is the plan's read deadline (`Plan.deadline_s`), so what arrives is what the storage NIC
-    delivers, not a prediction. Below `prefetch_threshold` hit tokens everything is recomputed."""
-    name = "hicache-timeout"
-
-    def __init__(self, prefetch_threshold: int = 256, timeout_base_s: float = 1.0,
-                 timeout_per_ki_token_s: float = 0.25, side: str | None = None):
-        super().__init__(prefetch_threshold, side)
-        self.timeout_base_s, self.timeout_per_ki_token_s = timeout_base_s, timeout_per_ki_token_s
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        hit = request.hit_tokens
-        if hit < self.prefetch_threshold:
-            return _load_prefix(request, side, 0)
-        limit = self.timeout_base_s + self.timeout_per_ki_token_s * hit / 1024
-        return Plan(de_tokens=hit if side == "de" else 0, deadline_s=limit)
-
-
-def recompute_s(request, pe) -> float | None:
-    """Seconds the PE needs to compute `request`'s hit tokens rather than load them, after its own queue:
-    `tokens / prefill_tokens_per_s + prefill_s(0, prompt) - prefill_s(H, miss)` (without a fit, H at
-    `prefill_tokens_per_s`); None without a rate."""
-    rate, fit, hit = pe.prefill_tokens_per_s, pe.prefill_s, request.hit_tokens
-    if not rate:
-        return None
-    extra = fit(0, request.prompt_tokens) - fit(hit, request.miss_tokens) if fit else hit / rate
-    return pe.tokens / rate + max(0.0, extra)
-
-
-class DualPathDeadline(DualPath):
-    """DualPath's side, with a read deadline of what recomputing the hit would cost the PE: its own queue
-    plus the extra time a pass over the hit as new tokens takes (`recompute_s`), times `factor`, at least
-    `min_s`. A read that has not delivered by then would end the request later than computing it: its
-    remaining blocks are recomputed. No rate in the PE's view: no deadline (DualPath)."""
-    name = "dualpath-deadline"
-
-    def __init__(self, factor: float = 1.0, min_s: float = 0.0):
-        self.factor, self.min_s = factor, min_s
-
-    def path(self, request, pe, de):
-        side = super().path(request, pe, de)
-        s = recompute_s(request, pe)
-        if s is None or not request.hit_tokens:
-            return side
-        return Plan(de_tokens=request.hit_tokens if side == "de" else 0,
-                    deadline_s=max(self.min_s, self.factor * s))
-
-
-class LlmdSelective(_FieldRule):
-    """llm-d's selective KV load (llm-d-router pull request 2833, "1024 + 8"): load when the prefix has
-    at least `min_tokens` hit tokens and the PE has fewer than `max_waiting` requests (`seq`); else
-    recompute it all."""
-    name = "llmd-selective"
-
-    def __init__(self, min_tokens: int = 1024, max_waiting: int = 8, side: str | None = None):
-        super().__init__(side)
-        self.min_tokens, self.max_waiting = min_tokens, max_waiting
-
-    def path(self, request, pe, de):
-        side = _side(self.side, pe, de)
-        if request.hit_tokens >= self.min_tokens and pe.seq < self.max_waiting:
-            return side
-        return _load_prefix(request, side, 0)
-
-
+# every built-in by name (`--policy NAME`); dualjax/core/field_policies.py adds the load-or-recompute
+# baselines of other systems to it (dualjax/core/__init__.py imports it)
 POLICIES = {cls.name: cls for cls in (Basic, PeOnly, DeOnly, RoundRobin, Random, DualPath, DualPathSplit,
-                                      DualPathRecompute, DualPathDeadline, LlmdPull, HitRatio, HiCacheWait,
-                                      HiCacheBestEffort, HiCacheTimeout, LlmdSelective)}
+                                      DualPathRecompute)}
 
 
 class PolicyError(ValueError, KeyError):

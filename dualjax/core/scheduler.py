@@ -39,7 +39,8 @@ from array import array
 
 import numpy as np
 
-from dualjax.core.policies import Plan, Policy, choose_engines, decide, direct_init
+from dualjax.core.fastinit import direct_init
+from dualjax.core.policies import Plan, Policy, choose_engines, decide
 from dualjax.core.waiting import GroupQueue, Waiting
 
 ALPHA_S, BETA_S = 3.0, 5.0  # alpha: tokens a storage NIC reads in 3 s; beta: tokens a PE prefills in 5 s

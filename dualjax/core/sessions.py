@@ -40,6 +40,7 @@ import zlib
 
 import numpy as np
 
+from dualjax.core.lengths import at_block
 from dualjax.core.streams import stream
 
 SESSION_BLOCK = 64  # tokens per hash id in the agentic-coding traces
@@ -316,10 +317,11 @@ HIT_GAP = ("hit_rate is below trace_hit_rate because the store hits whole --bloc
 
 def hit_summary(prompts: list[np.ndarray], hits: list[np.ndarray], block_tokens: int) -> dict:
     """report.json's trace hit keys: the trace's own token hit rate (unbounded cache, hash ids) and
-    the same rounded down to whole `block_tokens` blocks with one prompt token left to compute."""
+    the same rounded down to whole `block_tokens` blocks with one prompt token left to compute
+    (`lengths.at_block`, as the simulator replays them)."""
     p, h = np.concatenate(prompts), np.concatenate(hits)
-    at_block = np.minimum(h, p - 1) // block_tokens * block_tokens
-    return {"trace_hit_rate": float(h.sum() / p.sum()), "trace_hit_rate_at_block": float(at_block.sum() / p.sum()),
+    whole = at_block(h, p, block_tokens)
+    return {"trace_hit_rate": float(h.sum() / p.sum()), "trace_hit_rate_at_block": float(whole.sum() / p.sum()),
             "trace_hit_gap": HIT_GAP}
 
 

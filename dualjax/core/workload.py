@@ -28,6 +28,7 @@ import statistics
 import numpy as np
 
 from dualjax.core import sessions
+from dualjax.core.lengths import hit_tokens
 from dualjax.core.streams import stream
 
 PAPER_SLO = (4.0, 0.050)  # (TTFT s, TPOT s): the paper's online SLO, the default of every workload
@@ -423,14 +424,14 @@ def length_stats(lengths: list[tuple[np.ndarray, np.ndarray]], block_tokens: int
     requests (append, gen, context = the prompt: everything before plus the turn's append) and means over
     agents of each agent's own mean (`*_agent_mean`); per agent its turns and total (every appended and
     generated token), the longest total, and the KV hit rate as the simulator's store gives it (a later
-    turn hits every whole `block_tokens` block of the context before it, less one token; over all prompt
-    tokens)."""
+    turn hits every whole `block_tokens` block of the context before it, less one token, `lengths.hit_tokens`;
+    over all prompt tokens)."""
     append = np.concatenate([a for a, _ in lengths])
     gen = np.concatenate([g for _, g in lengths])
     prompts = [np.cumsum(a + g) - g for a, g in lengths]
     totals = np.array([int(a.sum() + g.sum()) for a, g in lengths])
     prompt = np.concatenate(prompts)
-    hit = np.maximum(0, (prompt - append - 1) // block_tokens * block_tokens)
+    hit = hit_tokens(prompt - append, prompt, block_tokens)
     return {"agents": len(lengths), "requests": int(append.size), "turns_mean": float(append.size / len(lengths)),
             "append_mean": float(append.mean()), "gen_mean": float(gen.mean()), "total_mean": float(totals.mean()),
             "context_mean": float(prompt.mean()), "max_total": int(totals.max()),

@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from dualjax.core.lengths import decode_capacity as lengths_capacity
+from dualjax.core.lengths import longest_context
 from dualjax.core.records import HostStats
 from dualjax.core.workload import PRESETS, get_workload, load_workload, max_context, turn_lengths
 from dualjax.runtime.buffers import HostBuffer, RequestKV
@@ -34,16 +36,17 @@ from models.buckets import DEFAULT_BUCKETS
 
 
 def decode_capacity(cfg, model_cfg) -> int:
-    """Tokens per decode slot: the workload's longest context, bucketed; the same on every run of
+    """Tokens per decode slot (`dualjax.core.lengths.decode_capacity`, as the simulator's): the workload's
+    longest context, bucketed, at most the model's context; the same on every run of
     that workload, so decode programs (and hence tokens) do not depend on the run. A preset's
     contexts come from its turn lengths alone (no token ids drawn); a file is read as it is."""
     if cfg.workload in PRESETS:
         spec = get_workload(cfg.workload, agents=cfg.agents, turns=cfg.turns)
         lengths = (turn_lengths(spec, agent, cfg.workload_seed) for agent in range(spec.agents))
-        longest = max(int(append.sum() + gen.sum()) for append, gen in lengths)
+        longest = longest_context(lengths)
     else:
         longest = max_context(load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents))
-    return min(DEFAULT_BUCKETS.prefix(longest + 1), model_cfg.max_seq_len)
+    return lengths_capacity(longest, model_cfg.max_seq_len, DEFAULT_BUCKETS)
 
 
 class _Live:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from dualjax.core.batching import AttentionFit
 from dualjax.core.config import RunConfig
+from dualjax.core.lengths import max_hit_blocks
 from dualjax.core.policies import Policy, layerwise_for
 from dualjax.core.records import HostStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
@@ -64,7 +65,7 @@ class Driver:
         req = Request(next(self.ids), agent, turn, prompt, step.gen_len, time.time())
         hit = 0
         if self.store is not None:
-            max_hit = (len(prompt) - 1) // self.layout.block_tokens  # at least one token is computed
+            max_hit = max_hit_blocks(len(prompt), self.layout.block_tokens)  # at least one token is computed
             hit = self.store.match_prefix([b.hash for b in block_chain(prompt, self.layout)[:max_hit]])
         self.requests[req.id] = req
         self.waiting.append(RequestView(req.id, agent, turn, req.prompt_len, hit * self.layout.block_tokens,
@@ -73,13 +74,11 @@ class Driver:
                                 "gen_len": req.gen_len, "planned_hit_blocks": hit, "arrival": req.arrival}
 
     def _dispatch(self) -> None:
-        T = self.layout.block_tokens
         for d in self.scheduler.schedule(self.waiting):
             r, req = d.request, self.requests[d.request.id]
             path = d.path if self.store is not None else "none"
             layerwise = layerwise_for(self.policy, self.cfg.layerwise)
-            a = Assign(req, d.pe, d.de, path, d.plan.loaded(r) // T, layerwise, time.time(), d.plan.de_tokens // T,
-                       r.hit_tokens // T, d.plan.deadline_s if layerwise else None)  # Basic: no deadline
+            a = Assign.placed(d, req, path, layerwise, time.time())  # the plan in blocks
             self.records[r.id].update(path=path, pe=d.pe, de=d.de, scheduled=a.scheduled, pe_load=d.pe_tokens,
                                       de_tokens=d.plan.de_tokens, recomputed_tokens=d.plan.recompute_tokens)
             if a.deadline_s is not None:  # what its read abandons is recomputed (`_complete`)

@@ -10,6 +10,8 @@ import dataclasses
 
 import numpy as np
 
+from dualjax.core.policies import Plan
+
 
 @dataclasses.dataclass(frozen=True)
 class Request:
@@ -48,6 +50,23 @@ class Assign:
     def reads(self, role: str) -> int:
         """Hit blocks the host of `role` ("prefill" or "decode") reads from storage."""
         return self.de_blocks if role == "decode" else self.hit_blocks - self.de_blocks
+
+    @classmethod
+    def placed(cls, d, request: Request, path: str, layerwise: bool, scheduled: float) -> Assign:
+        """The runtime's one translation of a scheduler decision `d` (`dualjax.core.scheduler.Decision`)
+        and its plan (`dualjax.core.policies.Plan`, in tokens) into blocks of T = the request view's
+        `block_tokens` (every count is whole blocks): `stored_blocks` = hit_tokens / T (what the store
+        holds), `hit_blocks` = `Plan.loaded` / T = (hit_tokens - recompute_tokens) / T, `de_blocks` =
+        de_tokens / T; the plan's `deadline_s` only layerwise (Basic loads its batches whole). `plan`
+        translates back. The simulator's translation is `dualjax.sim.prefill.Row.placed`."""
+        r, plan, T = d.request, d.plan, d.request.block_tokens
+        return cls(request, d.pe, d.de, path, plan.loaded(r) // T, layerwise, scheduled, plan.de_tokens // T,
+                   r.hit_tokens // T, plan.deadline_s if layerwise else None)
+
+    def plan(self, block_tokens: int) -> Plan:
+        """The plan this assignment carries, back in tokens (`placed`'s inverse)."""
+        T = block_tokens
+        return Plan(self.de_blocks * T, (self.stored_blocks - self.hit_blocks) * T, self.deadline_s)
 
 
 @dataclasses.dataclass(frozen=True)

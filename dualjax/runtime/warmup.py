@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 import models
+from dualjax.core.lengths import hit_tokens
 from dualjax.core.policies import get_policy
 from dualjax.core.workload import load_workload
 from dualjax.runtime.messages import EngineState, Warm
@@ -43,7 +44,7 @@ def _pieces(cfg, block_tokens: int, agents: list) -> tuple[set[tuple[int, int]],
         ctx = 0
         for turn in agent.turns:
             prompt = len(turn.prompt) if turn.prompt is not None else ctx + len(turn.append)
-            hit = min(ctx, prompt - 1) // block_tokens * block_tokens if cfg.use_store else 0
+            hit = hit_tokens(ctx, prompt, block_tokens, cfg.use_store)
             cuts = range(hit, prompt, cfg.prefill_chunk)
             pieces.update((start, min(cfg.prefill_chunk, prompt - start)) for start in cuts)
             ctx, longest = prompt + turn.gen_len, max(longest, prompt)

@@ -19,6 +19,7 @@ from collections import deque
 
 import numpy as np
 
+from dualjax.core.lengths import kv_blocks
 from dualjax.sim.resources import Costs, Lane, Node, carry_model, latest, model_line_rate
 
 
@@ -192,7 +193,7 @@ class DecodeSide:
             c.second_token[rid] = np.nan
         if self.cfg.use_store:  # every block that filled and the store lacks (a plan's recomputed tail it holds)
             stored = (hit + c.recomputed_tokens[rid]) // self.block_tokens
-            de.node.write_bytes += ((prompt + gen - 1) // self.block_tokens - stored) * self.block_tokens * self.kvb
+            de.node.write_bytes += (kv_blocks(prompt + gen, self.block_tokens) - stored) * self.block_tokens * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))
         de.kv_free += prompt + gen
         if de.kv_wait:  # after this event: it may be in the middle of the batch's step (`_decode_event`)

@@ -20,8 +20,8 @@ priority over KV, and device memory. Engines of a role form expert-parallel grou
    the HBM is full; the DE decodes it in a continuous batch (`decode.py`). What the scheduler counts
    as a DE's free memory, `de_memory`: resident (the HBM held now) or reserved (from placement).
 
-Hits follow the runtime's store: a turn hits every full block of the agent's previous context
-(prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
+Hits follow the runtime's store (`dualjax.core.lengths.hit_tokens`): a turn hits every full block of the
+agent's previous context (prompt + generation - 1 tokens have KV), at most (prompt - 1) // block tokens.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dualjax.core.config import SimConfig
+from dualjax.core.lengths import at_block, decode_capacity, hit_tokens, longest_context
 from dualjax.core.policies import Policy, get_policy, layerwise_for
 from dualjax.core.records import HostStats, SnicStats, StoreStats
 from dualjax.core.scheduler import EngineView, RequestView, Scheduler, Thresholds, Waiting
@@ -49,6 +50,7 @@ from dualjax.sim.prefill import PeGroup, PrefillEngine, PrefillSide, Row
 from dualjax.sim.profiles import Hardware, ModelCost
 from dualjax.sim.resources import Buffer, Costs, Lane, Node, SimError
 from models.buckets import DEFAULT_BUCKETS
+from models.presets import PRESETS
 
 PATH_CODES = {"pe": 0, "de": 1, "none": 2, "split": 3}
 FLOAT_COLUMNS = ("arrival", "scheduled", "prefill_start", "prefill_end", "first_token", "second_token", "done",
@@ -92,6 +94,18 @@ def ep_groups(nodes: int, gpus_per_node: int, ep_gpus: int) -> list[int]:
     return [nodes // n + (1 if i < nodes % n else 0) for i in range(n)]
 
 
+def slot_tokens(model: str, append: list[np.ndarray], gen: list[np.ndarray], trace: SessionTable | None = None) -> int:
+    """Tokens per decode slot of a simulation of agents of these (append, gen) lengths per turn (or a
+    recorded `trace`'s prompts), as the runtime sizes them (`dualjax.core.lengths.decode_capacity`):
+    capped at the `model` preset's context (none for a model that is not a preset: a test's toy)."""
+    if trace is None:
+        longest = longest_context(zip(append, gen))
+    else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
+        longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
+    context = PRESETS[model].max_seq_len if model in PRESETS else math.inf
+    return decode_capacity(longest, context, DEFAULT_BUCKETS)
+
+
 class Simulation(PrefillSide, DecodeSide):
     """Run with `run()`; then `columns()` per request, `host_stats()` per node, `pe_summary()`."""
 
@@ -100,11 +114,7 @@ class Simulation(PrefillSide, DecodeSide):
                  progress: bool = True, trace: SessionTable | None = None):
         self.cfg, self.hw, self.model = cfg, hw, model
         self.trace = trace  # recorded sessions: each turn's prompt, hit tokens and pause (`build`)
-        if trace is None:
-            longest = max(int(a.sum() + g.sum()) for a, g in zip(append, gen))
-        else:  # a recorded turn's prompt is its own, not the conversation so far plus its misses
-            longest = max(int((p + g).max()) for p, g in zip(trace.prompt, trace.gen))
-        self.capacity = DEFAULT_BUCKETS.prefix(longest + 1)  # as `dualjax.runtime.decode_host.decode_capacity`
+        self.capacity = slot_tokens(cfg.model, append, gen, trace)
         self.policy = get_policy(policy or cfg.policy)
         self.layerwise = layerwise_for(self.policy, cfg.layerwise)
         # each agent's turn lengths as flat arrays: indexing one gives a Python int (numpy's: a numpy scalar)
@@ -290,11 +300,10 @@ class Simulation(PrefillSide, DecodeSide):
     def _submit(self, agent: int) -> None:
         k, ctx = self.next_turn[agent], self.context[agent]
         prompt, gen = ctx + self.append[agent][k], self.gen[agent][k]
-        hit = ((ctx - 1) // self.block_tokens) * self.block_tokens if (k and self.cfg.use_store) else 0
+        hit = hit_tokens(ctx, prompt, self.block_tokens, self.cfg.use_store)
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
-            hit = (min(int(self.trace.hit[agent][k]), prompt - 1) // self.block_tokens * self.block_tokens
-                   if self.cfg.use_store else 0)
+            hit = at_block(int(self.trace.hit[agent][k]), prompt, self.block_tokens) if self.cfg.use_store else 0
         if prompt + gen > self.de_mem:
             raise SimError(f"agent {agent} turn {k} needs {prompt + gen} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
@@ -339,10 +348,9 @@ class Simulation(PrefillSide, DecodeSide):
         pe, de = self.engines[d.pe], self.engines[d.de]
         path = d.path if self.cfg.use_store else "none"
         c.scheduled[rid], c.pe[rid], c.de[rid], c.path[rid] = self.now, d.pe, d.de, PATH_CODES[path]
-        recompute = plan.recompute_tokens
-        loaded = r.hit_tokens - recompute  # `Plan.loaded`
-        c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, recompute
-        row = Row(rid, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de)  # misses + the tail
+        row = Row.placed(d, path, de)  # the plan in the row's terms
+        loaded = row.cached
+        c.hit_tokens[rid], c.de_tokens[rid], c.recomputed_tokens[rid] = loaded, plan.de_tokens, plan.recompute_tokens
         if plan.deadline_s is not None and loaded and self.layerwise:  # Basic loads its batches whole: none
             self.deadlines[rid] = self.now + plan.deadline_s
         pe.rows.append(row)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 
 from dualjax.core.batching import fit_free, fit_memory, pack
+from dualjax.core.policies import Plan
 from dualjax.sim.resources import Buffer, Lane, Node, SimError, carry_model, latest, model_line_rate
 
 
@@ -54,6 +55,24 @@ class Row:
         self.t0 = self.t1 = self.admitted = None
         self.started = self.batched = self.held = False
         self.hbm = self.buf = 0.0
+
+    @classmethod
+    def placed(cls, d, path: str, de_engine) -> Row:
+        """The simulator's one translation of a scheduler decision `d` (`dualjax.core.scheduler.Decision`)
+        and its plan (`dualjax.core.policies.Plan`) into a row, in tokens as the plan: `cached` =
+        `Plan.loaded` = hit_tokens - recompute_tokens (read by either side), `remaining` = prompt_tokens -
+        cached (the misses and the recomputed tail, computed), `de_tokens` (the leading ones, read by the
+        DE), `pe_load` = the decision's `pe_tokens`; the deadline stays with the simulation
+        (`dualjax.sim.deadline`). `plan` translates back. The runtime's translation, in blocks, is
+        `dualjax.runtime.messages.Assign.placed`."""
+        r, plan = d.request, d.plan
+        loaded = r.hit_tokens - plan.recompute_tokens  # `Plan.loaded`
+        return cls(r.id, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de_engine)
+
+    def plan(self, hit_tokens: int) -> Plan:
+        """The plan (without its deadline) of a row of a request of `hit_tokens` hit tokens (`placed`'s
+        inverse)."""
+        return Plan(self.de_tokens, hit_tokens - self.cached)
 
 
 class PrefillEngine:

@@ -11,10 +11,9 @@ from dualjax.core.config import ClusterSpec, SimConfig
 from dualjax.core.planner import DeMemory
 from dualjax.core.workload import slo_for
 from dualjax.sim import build, get_hardware, model_cost, session_trace, simulate, workload_lengths
-from dualjax.sim.engine import ep_groups
+from dualjax.sim.engine import ep_groups, slot_tokens
 from dualjax.sim.profiles import Hardware
 from dualjax.sim.resources import Costs, SimError
-from models.buckets import DEFAULT_BUCKETS
 
 WINDOW_S = 150.0  # docs/paper.md §9, §12: online runs stop once TTFT over a 150-s window ...
 LOOKBACK_S = 1800.0  # ... is within 5 % of its value 30 minutes earlier
@@ -172,12 +171,11 @@ def de_memory(cfg: SimConfig, nodes: int, hardware: Hardware | None = None) -> D
                        "in flight depend on the arrival rate")
     hw = hardware or get_hardware(cfg.hardware)
     append, gen, _, _ = workload_lengths(cfg)
-    if cfg.workload.startswith("sessions:"):  # recorded prompts: appends there are the misses
-        t = session_trace(cfg)
+    if (t := session_trace(cfg)) is not None:  # recorded prompts: appends there are the misses
         holds = np.concatenate([p + g for p, g in zip(t.prompt, t.gen)])
     else:
         holds = np.concatenate([np.cumsum(a + g) for a, g in zip(append, gen)])  # prompt + gen of every request
-    slots = DEFAULT_BUCKETS.prefix(int(max(a.sum() + g.sum() for a, g in zip(append, gen))) + 1)  # as the engine
+    slots = slot_tokens(cfg.model, append, gen, t)  # as the engine sizes them
     g, model = hw.gpus_per_node, model_cost(cfg.model)
 
     def tokens(decode_nodes: int) -> float:

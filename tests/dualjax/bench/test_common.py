@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dualjax.bench.common import _files, drop_page_cache, emit, load_page_cache
+from dualjax.bench.common import _files, drop_page_cache, emit, gbps, load_page_cache, timed
 from dualjax.outputs import OutputError
 from kvstore.pagecache import page_cached
 
@@ -42,3 +42,14 @@ def test_emit_reports_a_json_file_it_cannot_write_in_one_line(capsys):
     with pytest.raises(OutputError, match="cannot write /dev/full"):
         emit({"jct_s": 1.0}, "/dev/full")
     assert '"jct_s": 1.0' in capsys.readouterr().out
+
+
+def test_gbps_and_timed_by_hand(monkeypatch):
+    """3e9 bytes in 1.5 s are 2 GB/s. A call timed while the wall clock reads 10 then 10.25 s and the
+    CPU clock 4 then 4.1 s took 0.25 s of wall and 0.1 s of CPU, started at 10, and returns its result."""
+    assert gbps(3_000_000_000, 1.5) == 2.0
+    wall, cpu = iter([10.0, 10.25]), iter([4.0, 4.1])
+    monkeypatch.setattr("time.perf_counter", lambda: next(wall))
+    monkeypatch.setattr("time.process_time", lambda: next(cpu))
+    t = timed(lambda x, y=0: x + y, 2, y=3)
+    assert t.start == 10.0 and t.wall_s == 0.25 and t.cpu_s == pytest.approx(0.1) and t.result == 5

@@ -8,7 +8,7 @@ import pytest
 
 from dualjax.bench.e2e import (
     CONTROL,
-    Run,
+    Spec,
     _cost,
     _dir,
     _fit_wall,
@@ -43,7 +43,7 @@ def test_essential_runs_shrink_the_agents_and_the_rest_are_left_out():
     assert agents == 4 and kept[:essential] == planned[:essential] and len(kept) + len(left) == len(planned)
     # 510 s spent, then each while it fits 610 s: 2p1d basic (4 x 10 + 5) and dualpath (25: 580 s), not the
     # pe-only runs (65, 65, 35), 2p2d dualpath (20: 600 s), not 2p2d round-robin (20)
-    assert kept[essential:] == [Run("2p1d", "basic"), Run("2p1d", "dualpath"), Run("2p2d", "dualpath")]
+    assert kept[essential:] == [Spec("2p1d", "basic"), Spec("2p1d", "dualpath"), Spec("2p2d", "dualpath")]
     kept, agents, left = _fit_wall(planned, essential, 6.0, 10.0, 5.0, budget_s=(46 * 10 + 10) / 2 + 11 * 5, agents=4)
     assert agents == 2 and kept == planned[:essential] and left == planned[essential:]
 
@@ -56,7 +56,7 @@ def test_repeats_run_round_after_round_with_the_control_again():
                                         "1p2d-dualpath", "1p2d-dualpath-naive"] and n == 6
     runs, essential = _planned(quick=True, hbm_only=False, repeats=3)
     assert essential == len(runs) == 3 * 6 + 2
-    assert runs[:6] == once and runs[6] == Run("1p1d", "basic", capped=False, repeat=1) and _name(runs[6]) == CONTROL
+    assert runs[:6] == once and runs[6] == Spec("1p1d", "basic", capped=False, repeat=1) and _name(runs[6]) == CONTROL
     assert [r._replace(repeat=0) for r in runs[7:13]] == once and {r.repeat for r in runs[13:]} == {2}
     assert len({_dir(r) for r in runs}) == len(runs) and _dir(runs[8]) == "1p1d-dualpath-r1"
     assert _cost(runs[6], 6.0) == 1.0  # the control is the unit
@@ -68,8 +68,8 @@ def test_spread_and_what_scheduling_buys():
     assert _spread([3.0, 1.0, 2.0]) == {"values": [3.0, 1.0, 2.0], "n": 3, "min": 1.0, "median": 2.0, "max": 3.0,
                                         "spread": 1.0}
     # per round naive / dualpath: 12/10, 10/10, 18/12 = 1.2, 1.0, 1.5; medians 12 / 10
-    done = {"1p1d-dualpath": [(Run("1p1d", "dualpath", repeat=k), {"jct_s": t}) for k, t in enumerate([10, 10, 12])],
-            "1p1d-dualpath-naive": [(Run("1p1d", "dualpath", scheduler="naive", repeat=k), {"jct_s": t})
+    done = {"1p1d-dualpath": [(Spec("1p1d", "dualpath", repeat=k), {"jct_s": t}) for k, t in enumerate([10, 10, 12])],
+            "1p1d-dualpath-naive": [(Spec("1p1d", "dualpath", scheduler="naive", repeat=k), {"jct_s": t})
                                     for k, t in enumerate([12, 10, 18])]}
     got = _naive(done)
     assert set(got) == {"1p1d"} and got["1p1d"]["of_medians"] == pytest.approx(1.2)
@@ -79,8 +79,8 @@ def test_spread_and_what_scheduling_buys():
 
 def test_the_hbm_set_is_the_memory_budget_runs_and_basic_both_ways():
     planned, essential = _planned(quick=False, hbm_only=True)
-    assert planned == [Run("1p1d", "basic", True), Run("1p1d", "pe-only", True), Run("1p1d", "dualpath", True),
-                       Run("1p1d", "basic"), Run("1p1d", "basic", ahead=1)] and essential == 5
+    assert planned == [Spec("1p1d", "basic", True), Spec("1p1d", "pe-only", True), Spec("1p1d", "dualpath", True),
+                       Spec("1p1d", "basic"), Spec("1p1d", "basic", ahead=1)] and essential == 5
     assert [_name(r) for r in planned[-2:]] == ["1p1d-basic", "1p1d-basic-ahead1"]
 
 

@@ -165,7 +165,7 @@ def test_calibrate_measures_a_checkpoint_directory_as_its_preset(tmp_path):
     """`calibrate --model DIR` takes a checkpoint directory, as every other --model does: the shapes it
     measures are its preset's, and its decode step is timed (on the checkpoint's config)."""
     import models
-    from dualjax.runtime import calibrate
+    from dualjax.bench import calibrate
     cfg = models.get_config("tiny")
     ckpt = str(tmp_path / "tiny-ckpt")
     models.save_checkpoint(ckpt, models.init_params(cfg, 0), cfg)

@@ -175,7 +175,7 @@ def test_calibrate_writes_the_local_profile_to_the_per_user_home_and_nothing_els
     """`dualjax calibrate` writes its product, the `local` profile, to the per-user home and nothing else:
     its scratch store is gone when it ends. The measuring itself (minutes) is a stand-in that writes a
     scratch store and the profile."""
-    from dualjax.runtime import calibrate
+    from dualjax.bench import calibrate
     monkeypatch.setenv("DUALJAX_HOME", str(tmp_path / "home"))
     scratch = []
 

@@ -148,7 +148,8 @@ def test_a_constructor_that_needs_arguments_says_how_to_give_them():
 
 
 def test_constructor_arguments_by_name():
-    from dualjax.core.policies import HiCacheTimeout, PolicyError
+    from dualjax.core.field_policies import HiCacheTimeout
+    from dualjax.core.policies import PolicyError
     p = get_policy("hicache-timeout:timeout_base_s=2.5,side=dualpath")
     assert (type(p), p.timeout_base_s, p.timeout_per_ki_token_s, p.side) == (HiCacheTimeout, 2.5, 0.25, "dualpath")
     assert p.name == "hicache-timeout:timeout_base_s=2.5,side=dualpath"  # the report tells settings apart
@@ -157,7 +158,7 @@ def test_constructor_arguments_by_name():
     assert "HitRatio(threshold=0.5, side=None) cannot be built from {'treshold': 0.9}" in one_line(e)
     with pytest.raises(PolicyError) as e:
         get_policy("hit-ratio:side=both")
-    assert "raised ValueError at policies.py:" in one_line(e) and "side='both': one of pe, de, dualpath" in str(e.value)
+    assert "raised ValueError at field_policies.py:" in one_line(e) and "side='both': one of pe, de, dualpath" in str(e.value)
 
 
 def test_a_module_that_cannot_be_imported_says_where_modules_are_found(tmp_path, monkeypatch):

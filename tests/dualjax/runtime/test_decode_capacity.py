@@ -33,3 +33,16 @@ def test_capacity_of_a_trajectory_file(tmp_path):
     path.write_text(json.dumps(agent) + "\n")
     cfg = RunConfig(workload=str(path))
     assert decode_capacity(cfg, models.get_config("small")) == DEFAULT_BUCKETS.prefix(1024 + 1) == 2048
+
+
+@pytest.mark.parametrize("settings", [dict(workload="agentic-small", agents=4), dict(workload="paper-64k", agents=4)])
+def test_the_simulator_sizes_slots_as_the_runtime(settings):
+    """The simulator's decode slots hold what the runtime's hold for the same workload and model
+    (`dualjax.core.lengths.decode_capacity`): paper-64k's longest agent passes `small`'s 32K context,
+    and both cap the bucketed 64K at it."""
+    from dualjax.core.config import ClusterSpec, SimConfig
+    from dualjax.sim import build
+    model_cfg = models.get_config("small")
+    runtime = decode_capacity(RunConfig(**settings), model_cfg)
+    sim = build(SimConfig(ClusterSpec(1, 1), model="small", hardware="paper-h800", **settings), progress=False)
+    assert sim.capacity == runtime <= model_cfg.max_seq_len

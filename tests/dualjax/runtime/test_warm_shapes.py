@@ -9,7 +9,9 @@ import pytest
 import models
 from dualjax.core.batching import AttentionFit, Work, pack
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.warmup import _agents, warm_shapes
+from dualjax.core.lengths import hit_tokens
+from dualjax.core.workload import Agent, Turn
+from dualjax.runtime.warmup import _agents, _pieces, warm_shapes
 from models.buckets import DEFAULT_BUCKETS
 
 BASE = RunConfig(ClusterSpec(1, 1), model="small", workload="agentic-e2e", agents=6, turns=4)
@@ -24,7 +26,7 @@ def _requests(cfg, model_cfg):
         ctx = 0
         for turn in agent.turns:
             prompt = ctx + len(turn.append)
-            out.append((prompt, min(ctx, prompt - 1) // cfg.block_tokens * cfg.block_tokens))
+            out.append((prompt, hit_tokens(ctx, prompt, cfg.block_tokens)))
             ctx = prompt + turn.gen_len
     return out
 
@@ -69,3 +71,14 @@ def test_quota_widens_the_buckets():
     assert max(p for p, _ in _requests(cfg, model_cfg)) < 2048
     assert loose == {(n, c) for n in (256, 1024) for c in (0, 1024, 2048)}
     assert tight == {(n, c) for n in (256, 512, 1024) for c in (0, 512, 1024, 2048)}
+
+
+def test_pieces_start_where_the_store_hits():
+    """A turn starts computing where the store's hits end: after a first turn of 8 prompt and 4 generated
+    tokens, 11 have KV (the last generated is never fed back), two 4-token blocks; the next turn's 17-token
+    prompt (5 appended) computes from token 8, one piece of 9 (not from 12: the context's 12th token has
+    no KV). A 100-token chunk cuts nothing; without a store both turns compute whole."""
+    agent = Agent(0.0, [Turn(np.zeros(8, np.int32), 4), Turn(np.zeros(5, np.int32), 3)])
+    cfg = BASE.replace(prefill_chunk=100)
+    assert _pieces(cfg, 4, [agent]) == ({(0, 8), (8, 9)}, 17)
+    assert _pieces(cfg.replace(use_store=False), 4, [agent]) == ({(0, 8), (0, 17)}, 17)

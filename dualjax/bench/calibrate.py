@@ -32,6 +32,7 @@ import numpy as np
 import scipy.optimize
 
 import models
+from dualjax.bench import common
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
@@ -48,7 +49,7 @@ from dualjax.runtime.transport import InProcFabric
 from dualjax.runtime.warmup import prefill_shapes
 from models.buckets import DEFAULT_BUCKETS
 
-log = logging.getLogger("dualjax.runtime.calibrate")
+log = logging.getLogger("dualjax.bench.calibrate")
 CAPACITIES = (256, 512, 1024, 2048)
 QUICK_ROWS = (1, 2)  # --quick runs (3 agents) pack at most 3 rows; past 2 the table scales in proportion
 
@@ -211,10 +212,9 @@ def host_overheads(model: str, workload: str, decode_slots: int, scratch: str,
 
 def _timed(what: str, fn, *args, **kwargs):
     """`fn(*args, **kwargs)`, logging its wall seconds (what calibration spends where, for the wall bounds)."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    log.info("calibrate: %s %.1f s", what, time.perf_counter() - t0)
-    return out
+    t = common.timed(fn, *args, **kwargs)
+    log.info("calibrate: %s %.1f s", what, t.wall_s)
+    return t.result
 
 
 def measure(model: str = "small", workload: str = "agentic-e2e", store_dir: str | None = None,
