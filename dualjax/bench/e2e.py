@@ -234,7 +234,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
     """The runs after the control in order, each skipped (into `skipped`) when its prediction, scaled by
     how far the runs so far overran theirs (a slowed machine), would end past `--max-wall-s`: per cluster
     and policy the median JCT of its repeats, and the storage-NIC balance and rows per pass of the run at
-    that median, the memory-budget runs apart; every configuration's repeats (`_spread`); run dirs."""
+    that median, the memory-budget runs apart; every configuration's repeats (`spread`); run dirs."""
     max_wall_s = args.max_wall_s
     out = {"jct": {}, "balance": {}, "balance_all": {}, "rows": {}, "reports": []}
     hbm_mb = _hbm_budget_mb(m.base)
@@ -262,7 +262,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
         walls[name] |= {"config": _name(spec), "repeat": spec.repeat}
         overran.append(r["jct_s"] / expect)
         done.setdefault(_name(spec), []).append((spec, r))
-    out["repeats"] = {config: _spread([r["jct_s"] for _, r in runs]) for config, runs in done.items()}
+    out["repeats"] = {config: spread([r["jct_s"] for _, r in runs]) for config, runs in done.items()}
     for config, runs in done.items():
         if config == CONTROL:
             continue
@@ -275,7 +275,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
     return out
 
 
-def _spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict:
     """Repeats of one figure: each, their least, median and most, and (most - least) / median."""
     med = statistics.median(values)
     return {"values": values, "n": len(values), "min": min(values), "median": med, "max": max(values),
@@ -292,7 +292,7 @@ def _naive(done: dict) -> dict:
         naive = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-dualpath-naive", [])}
         rounds = sorted(set(full) & set(naive))
         if rounds:
-            out[cluster] = {"per_round": _spread([naive[k] / full[k] for k in rounds]),
+            out[cluster] = {"per_round": spread([naive[k] / full[k] for k in rounds]),
                             "of_medians": statistics.median(naive.values()) / statistics.median(full.values())}
     return out
 

@@ -42,7 +42,8 @@ BENCHES = {"model": ("dualjax.bench.model", "prefill/decode throughput vs this m
            "relay": ("dualjax.bench.relay", "DE->PE relay over MPI vs a plain Send"),
            "layerwise": ("dualjax.bench.layerwise", "layerwise prefill: overlap of storage loading and compute"),
            "e2e": ("dualjax.bench.e2e", "DualPath vs Basic on embedded clusters, storage-bound"),
-           "dataplane": ("dualjax.bench.dataplane", "hit-KV bytes/s each read path delivers into prefill")}
+           "dataplane": ("dualjax.bench.dataplane", "hit-KV bytes/s each read path delivers into prefill"),
+           "policies": ("dualjax.bench.policies", "path policies, the field's too, where loading loses and wins")}
 
 
 def cmd_run(args) -> int:
