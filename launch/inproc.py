@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 
 
 def run(cluster: str = "1p1d", policy="dualpath", progress: bool = True, **fields) -> dict:

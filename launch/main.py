@@ -6,14 +6,14 @@ importable on every rank). Roles follow the hosts, not your launcher's rank orde
 `--hostfile FILE` (or `--hostfile slurm`, the allocation's nodes) the PEs run on the first nodes
 listed, the DEs on the next, the scheduler on the first; without it, on the hosts the ranks run on,
 in the order of their first rank (docs/cluster.md). The same entry point as
-`dualjax.runtime.rank`, which `dualjax run` starts under mpiexec itself.
+`dualjax.runtime.cluster.rank`, which `dualjax run` starts under mpiexec itself.
 """
 
 from __future__ import annotations
 
 import sys
 
-from dualjax.runtime.rank import main as rank_main
+from dualjax.runtime.cluster.rank import main as rank_main
 
 
 def main(argv: list[str] | None = None) -> int:

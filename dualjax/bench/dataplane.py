@@ -386,7 +386,7 @@ def main(argv=None, args=None) -> dict:
                       "requests": requests, "hit_tokens_per_request": hit_tokens}
             result["embedded"] = measure_embedded(d, trials, share())
             if not args.embedded_only:
-                from dualjax.runtime.launch import mpiexec
+                from dualjax.runtime.cluster.runner import mpiexec
                 load_page_cache(d.files)  # the page cache is the machine's: both ranks read warm
                 out = os.path.join(workdir, "mpi.json")
                 cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.bench.dataplane",

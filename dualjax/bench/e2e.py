@@ -60,7 +60,7 @@ from dualjax.core.config import ClusterSpec, RunConfig, number
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import comparison, load_run, output_dir
 from dualjax.plots import plot_compare
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.runtime.startup import prefill_seconds
 
 log = logging.getLogger("dualjax.bench.e2e")

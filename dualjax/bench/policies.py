@@ -176,7 +176,7 @@ def _emulated(cfg: RunConfig) -> dict:
 
 def _run(cfg: RunConfig, launcher: str) -> dict:
     """One run of `cfg` by `launcher` into `cfg.out` (emptied first): its figures, or its error."""
-    from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded
+    from dualjax.runtime.cluster.runner import check_run, failed_hosts, launch_mpi, run_embedded
     shutil.rmtree(cfg.out, ignore_errors=True)
     check_run(cfg, embedded=launcher == "embedded")
     t0 = time.time()

@@ -220,12 +220,12 @@ def main(argv=None, args=None) -> dict:
         from dualjax.runtime.transport.sender import DEFAULT_CHUNK_BYTES
         under_mpi(args.under_mpi, args.quick, args.chunk_kib * 1024 if args.chunk_kib else DEFAULT_CHUNK_BYTES)
         return {}
-    from dualjax.runtime.launch import mpiexec
+    from dualjax.runtime.cluster.runner import mpiexec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "relay.json")
         hosts = []
         if args.hostfile:
-            from dualjax.runtime.placement import read_nodes
+            from dualjax.runtime.cluster.placement import read_nodes
             nodes, source = read_nodes(args.hostfile)
             if len(nodes) < 2:
                 raise ConfigError(f"{source} lists {len(nodes)} host; the relay needs two")

@@ -9,7 +9,7 @@ import os
 import shutil
 
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import check_run, run_embedded
+from dualjax.runtime.cluster.runner import check_run, run_embedded
 
 RUNS = (("PE path only", "pe-only"), ("DualPath", "dualpath"))
 

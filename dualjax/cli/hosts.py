@@ -1,4 +1,4 @@
-"""Run a command on N hosts made as Linux namespaces on this machine (`dualjax.runtime.netns`; root).
+"""Run a command on N hosts made as Linux namespaces on this machine (`dualjax.runtime.cluster.netns`; root).
 
     python -m dualjax.cli.hosts 3 -- dualjax run --hostfile {hostfile} --cluster 1p2d --out runs/h3
     python -m dualjax.cli.hosts 2 -- dualjax bench relay --hostfile {hostfile} --json relay.json
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command given (after --)")
-    from dualjax.runtime.netns import Hosts, NetnsError
+    from dualjax.runtime.cluster.netns import Hosts, NetnsError
     try:
         hosts = Hosts(args.n)
     except NetnsError as e:

@@ -47,8 +47,8 @@ BENCHES = {"model": ("dualjax.bench.model", "prefill/decode throughput vs this m
 
 
 def cmd_run(args) -> int:
-    from dualjax.runtime.launch import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
-    from dualjax.runtime.preflight import REFUSED
+    from dualjax.runtime.cluster.preflight import REFUSED
+    from dualjax.runtime.cluster.runner import check_run, failed_hosts, launch_mpi, run_embedded, summary_line
     cfg = from_args(RunConfig, args)
     check_run(cfg, embedded=args.embedded)
     if not args.embedded:

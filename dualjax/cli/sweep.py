@@ -174,8 +174,8 @@ def _finish(args, points, outcome) -> int:
 def _launch(args) -> int:
     """`--hostfile`: the same sweep under mpiexec, N ranks on each listed host (HOST:N), through the launcher
     `dualjax run` uses; its ranks split the points (`_mpi_main`)."""
-    from dualjax.runtime.launch import mpiexec
-    from dualjax.runtime.placement import read_nodes
+    from dualjax.runtime.cluster.placement import read_nodes
+    from dualjax.runtime.cluster.runner import mpiexec
     nodes, _ = read_nodes(args.hostfile)
     argv = ["sim", "sweep", "--out", os.path.abspath(args.out)]
     for dest, flag, _ in LISTS:

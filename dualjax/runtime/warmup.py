@@ -30,7 +30,7 @@ from models.buckets import DEFAULT_BUCKETS
 
 
 def _agents(cfg, model_cfg) -> list:
-    """The run's agents, loaded as rank 0 loads them (`launch.drive`): the same turns, the same cuts."""
+    """The run's agents, loaded as rank 0 loads them (`runner.drive`): the same turns, the same cuts."""
     return load_workload(cfg.workload, model_cfg.vocab, cfg.workload_seed, cfg.agents, cfg.turns, cfg.aps,
                          cfg.think_time, model_cfg.max_seq_len)
 

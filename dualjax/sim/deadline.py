@@ -60,17 +60,17 @@ def cut_read(sim, row, node, tokens: int) -> tuple[int, float | None]:
     deadline = sim.deadlines.pop(row.rid, None)
     if deadline is None:
         return tokens, None
-    T, kvb, link = sim.T, sim.kvb, node.snic
-    got, start = deliverable(link, sim.now, tokens * kvb, T * kvb, deadline)
-    got = int(round(got / kvb)) // T * T
+    block, kvb, link = sim.block_tokens, sim.kvb, node.snic
+    got, start = deliverable(link, sim.now, tokens * kvb, block * kvb, deadline)
+    got = int(round(got / kvb)) // block * block
     if got == tokens:
         return tokens, None
     lost = tokens - got
     row.cached -= lost
     row.remaining += lost
     c, rid = sim.cols, row.rid
-    if row.de:  # the DE's read (a deadline is on one side's read only)
-        row.de -= lost
+    if row.de_tokens:  # the DE's read (a deadline is on one side's read only)
+        row.de_tokens -= lost
         c.de_tokens[rid] -= lost
     c.hit_tokens[rid] -= lost
     c.recomputed_tokens[rid] += lost

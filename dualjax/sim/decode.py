@@ -192,8 +192,8 @@ class DecodeSide:
         else:
             c.second_token[rid] = np.nan
         if self.cfg.use_store:  # every block that filled and the store lacks (a plan's recomputed tail it holds)
-            stored = (hit + c.recomputed_tokens[rid]) // self.T
-            de.node.write_bytes += (kv_blocks(prompt + gen, self.T) - stored) * self.T * self.kvb
+            stored = (hit + c.recomputed_tokens[rid]) // self.block_tokens
+            de.node.write_bytes += (kv_blocks(prompt + gen, self.block_tokens) - stored) * self.block_tokens * self.kvb
         self.scheduler.update(de.rank, -1, -(prompt + gen))
         de.kv_free += prompt + gen
         if de.kv_wait:  # after this event: it may be in the middle of the batch's step (`_decode_event`)

@@ -122,7 +122,7 @@ class Simulation(PrefillSide, DecodeSide):
         self.starts, self.think_s = starts, think_s
         self.progress = progress
         self.kvb = model.cache_bytes_per_token
-        self.T = cfg.block_tokens
+        self.block_tokens = cfg.block_tokens
         g, P, D = hw.gpus_per_node, cfg.cluster.prefill, cfg.cluster.decode
         self.nodes = [Node(n, "prefill" if n < P else "decode", hw, cfg.window_s) for n in range(P + D)]
         self.engines: dict[int, PrefillEngine | DecodeEngine] = {}
@@ -300,10 +300,10 @@ class Simulation(PrefillSide, DecodeSide):
     def _submit(self, agent: int) -> None:
         k, ctx = self.next_turn[agent], self.context[agent]
         prompt, gen = ctx + self.append[agent][k], self.gen[agent][k]
-        hit = hit_tokens(ctx, prompt, self.T, self.cfg.use_store)
+        hit = hit_tokens(ctx, prompt, self.block_tokens, self.cfg.use_store)
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
-            hit = at_block(int(self.trace.hit[agent][k]), prompt, self.T) if self.cfg.use_store else 0
+            hit = at_block(int(self.trace.hit[agent][k]), prompt, self.block_tokens) if self.cfg.use_store else 0
         if prompt + gen > self.de_mem:
             raise SimError(f"agent {agent} turn {k} needs {prompt + gen} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
@@ -312,7 +312,7 @@ class Simulation(PrefillSide, DecodeSide):
         c = self.cols
         c.agent[rid], c.turn[rid], c.prompt_tokens[rid] = agent, k, prompt
         c.gen_len[rid], c.hit_tokens[rid], c.arrival[rid] = gen, hit, self.now
-        self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen, self.T))
+        self.waiting.append(RequestView(rid, agent, k, prompt, hit, gen, self.block_tokens))
         self.dirty = True
 
     def _schedule(self, due: tuple) -> None:
@@ -360,9 +360,9 @@ class Simulation(PrefillSide, DecodeSide):
         """The DE buffer holds room for the prompt's KV. The DE's share of the hit blocks is read into it now;
         layerwise, the PE's share once the PE buffer has room for it (the row's read spans both); Basic: the
         PE forms and loads its batches (`PrefillSide._form`)."""
-        own, de_reads = row.cached - row.de, row.de or row.path == "de"
+        own, de_reads = row.cached - row.de_tokens, row.de_tokens or row.path == "de"
         if de_reads:
-            self._read(row, de.node, pe, tokens=row.de, first=bool(own) and self.layerwise)
+            self._read(row, de.node, pe, tokens=row.de_tokens, first=bool(own) and self.layerwise)
         if not self.layerwise:
             row.admitted = self.now
             self._form(pe)

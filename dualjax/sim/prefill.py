@@ -40,37 +40,39 @@ from dualjax.sim.resources import Buffer, Lane, Node, SimError, carry_model, lat
 class Row:
     """A request on a PE (a `batching.Work`): its storage read [t0, t1] once issued (t1: in the buffer
     that feeds the pass, or in HBM for Basic; a split's spans both sides' reads, `early` the first of
-    them), the path, the hit tokens its DE reads (`de`, the leading ones of `cached`), the tokens its PE
-    took in the scheduler (`pe_load`), its DE (`dest`), and what it holds. Basic: `admitted` (when) once its DE
-    buffer has room, `batched` while in a batch formed and not yet computed, `held` once it holds its memory."""
+    them), the path, the hit tokens its DE reads (`de_tokens`, the leading ones of `cached`), the tokens
+    its PE took in the scheduler (`pe_load`), its DE engine (`de_engine`), and what it holds. Basic:
+    `admitted` (when) once its DE buffer has room, `batched` while in a batch formed and not yet computed,
+    `held` once it holds its memory."""
 
-    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "de", "pe_load", "dest", "early", "hbm",
-                 "buf", "admitted", "batched", "held")
+    __slots__ = ("rid", "cached", "remaining", "t0", "t1", "started", "path", "de_tokens", "pe_load", "de_engine",
+                 "early", "hbm", "buf", "admitted", "batched", "held")
 
-    def __init__(self, rid: int, cached: int, remaining: int, path: str, de: int = 0, pe_load: int = 0, dest=None):
+    def __init__(self, rid: int, cached: int, remaining: int, path: str, de_tokens: int = 0, pe_load: int = 0,
+                 de_engine=None):
         self.rid, self.cached, self.remaining, self.path = rid, cached, remaining, path
-        self.de, self.pe_load, self.dest, self.early = de, pe_load, dest, None
+        self.de_tokens, self.pe_load, self.de_engine, self.early = de_tokens, pe_load, de_engine, None
         self.t0 = self.t1 = self.admitted = None
         self.started = self.batched = self.held = False
         self.hbm = self.buf = 0.0
 
     @classmethod
-    def placed(cls, d, path: str, dest) -> Row:
+    def placed(cls, d, path: str, de_engine) -> Row:
         """The simulator's one translation of a scheduler decision `d` (`dualjax.core.scheduler.Decision`)
         and its plan (`dualjax.core.policies.Plan`) into a row, in tokens as the plan: `cached` =
         `Plan.loaded` = hit_tokens - recompute_tokens (read by either side), `remaining` = prompt_tokens -
-        cached (the misses and the recomputed tail, computed), `de` = de_tokens (the leading ones, read by
-        the DE), `pe_load` = the decision's `pe_tokens`; the deadline stays with the simulation
+        cached (the misses and the recomputed tail, computed), `de_tokens` (the leading ones, read by the
+        DE), `pe_load` = the decision's `pe_tokens`; the deadline stays with the simulation
         (`dualjax.sim.deadline`). `plan` translates back. The runtime's translation, in blocks, is
         `dualjax.runtime.messages.Assign.placed`."""
         r, plan = d.request, d.plan
         loaded = r.hit_tokens - plan.recompute_tokens  # `Plan.loaded`
-        return cls(r.id, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, dest)
+        return cls(r.id, loaded, r.prompt_tokens - loaded, path, plan.de_tokens, d.pe_tokens, de_engine)
 
     def plan(self, hit_tokens: int) -> Plan:
         """The plan (without its deadline) of a row of a request of `hit_tokens` hit tokens (`placed`'s
         inverse)."""
-        return Plan(self.de, hit_tokens - self.cached)
+        return Plan(self.de_tokens, hit_tokens - self.cached)
 
 
 class PrefillEngine:
@@ -205,7 +207,7 @@ class PrefillSide:
             raise SimError(f"a request needs {self._prompt_bytes(first) / 1e9:.2f} GB of device memory for its "
                            f"prompt's KV, more than PE {pe.rank}'s {pe.hbm.budget / 1e9:.2f} GB")
         if host:  # the hit KV read by the PE waits in its buffer; the DE's share waits in the DE buffer
-            return lambda w: 0.0 if w.held else (w.cached - w.de) * self.kvb
+            return lambda w: 0.0 if w.held else (w.cached - w.de_tokens) * self.kvb
         return lambda w: 0.0 if w.held else self._prompt_bytes(w)
 
     def _load(self, w: Row, pe: PrefillEngine, host: bool) -> None:
@@ -218,9 +220,9 @@ class PrefillSide:
             w.hbm = self._prompt_bytes(w)
             pe.hbm.take(w.hbm)
         ready = None  # the DE's share: in the DE buffer (host), or relayed into HBM
-        if w.de:
-            ready = w.t1 if host else self._relay(w, pe, max(self.now, w.t1), w.de * self.kvb)
-        own = w.cached - w.de
+        if w.de_tokens:
+            ready = w.t1 if host else self._relay(w, pe, max(self.now, w.t1), w.de_tokens * self.kvb)
+        own = w.cached - w.de_tokens
         if own or w.path != "de":
             if host:
                 w.buf = own * self.kvb
@@ -302,7 +304,7 @@ class PrefillSide:
         the relay of the hit tokens its DE read, from the DE buffer, and a loopback over the PE's compute NIC
         of the rest. A chunked row's later passes find the relayed share on the PE's host, as the runtime
         keeps it there, and the chunks it computed: a loopback of all of it. Returns the end."""
-        relay = 0.0 if w.started else w.de * self.kvb
+        relay = 0.0 if w.started else w.de_tokens * self.kvb
         if relay > nbytes:
             relay = nbytes
         end = self._relay(w, pe, t, relay) if relay else t
@@ -314,7 +316,7 @@ class PrefillSide:
 
     def _relay(self, w: Row, pe: PrefillEngine, t: float, nbytes: float) -> float:
         """`nbytes` of a row's prefix KV from its DE's buffer to the PE's HBM. Returns the end."""
-        de = w.dest
+        de = w.de_engine
         de.node.kv_sent_bytes += nbytes
         end = latest(de.node.dram.reserve(t, nbytes), de.tx.reserve(t, nbytes), pe.rx.reserve(t, nbytes))
         if not self.kv_priority:
@@ -333,9 +335,9 @@ class PrefillSide:
         miss on the DE path). Returns the end."""
         c = self.cols
         rid = w.rid
-        out = (c.prompt_tokens[rid] - w.de) * self.kvb
+        out = (c.prompt_tokens[rid] - w.de_tokens) * self.kvb
         pe.node.kv_sent_bytes += out
-        de = w.dest
+        de = w.de_engine
         end = latest(pe.tx.reserve(t, out), de.rx.reserve(t, out), de.node.dram.reserve(t, out))
         if not self.kv_priority:
             self._kv_queued(de)
@@ -375,4 +377,4 @@ class PrefillSide:
                 pe.node.buffer.release(w.buf)
             if w.hbm:
                 pe.hbm.release(w.hbm)
-            self.at(arrive, self._join, w.dest, rid)
+            self.at(arrive, self._join, w.de_engine, rid)

@@ -19,8 +19,8 @@ from dualjax.bench.e2e import (
     _spread,
     pass_shapes,
 )
-from dualjax.cli.validate import _probe_of, _speed_ratio
 from dualjax.sim.profiles import get_hardware
+from dualjax.sim.validate import _probe_of, _speed_ratio
 
 
 def test_the_size_grows_only_as_far_as_the_bound_allows():

@@ -139,7 +139,7 @@ def test_quiet_keeps_a_commands_progress_lines_off_and_log_level_still_decides()
 
 def test_verify_quiet_drops_the_line_per_run_not_the_comparison(capsys):
     """`verify --quiet` prints no line per run; the mismatch is counted either way."""
-    from dualjax.cli.verify import _compare
+    from dualjax.runtime.verify import _compare
     for progress in (True, False):
         result = {"runs": [], "mismatches": []}
         _compare(result, "r", {(0, 0): [1, 2]}, {(0, 0): [1, 3]}, progress=progress)
@@ -152,7 +152,7 @@ def test_run_prints_its_summary_line_on_stdout_embedded_and_under_mpiexec_quiet_
     """The run's result is one line on stdout however it was launched; --quiet drops progress, not it."""
     import json
 
-    from dualjax.runtime.launch import summary_line
+    from dualjax.runtime.cluster.runner import summary_line
     for launcher, quiet in ((["--embedded"], ["--quiet"]), ([], ["--quiet"]), ([], [])):
         out = tmp_path / f"{'embedded' if launcher else 'mpiexec'}{'-quiet' if quiet else ''}"
         assert main(["run", *launcher, *quiet, "--agents", "2", "--turns", "2", "--out", str(out)]) == 0
@@ -165,7 +165,7 @@ def test_calibrate_measures_a_checkpoint_directory_as_its_preset(tmp_path):
     """`calibrate --model DIR` takes a checkpoint directory, as every other --model does: the shapes it
     measures are its preset's, and its decode step is timed (on the checkpoint's config)."""
     import models
-    from dualjax.cli import calibrate
+    from dualjax.bench import calibrate
     cfg = models.get_config("tiny")
     ckpt = str(tmp_path / "tiny-ckpt")
     models.save_checkpoint(ckpt, models.init_params(cfg, 0), cfg)

@@ -19,7 +19,7 @@ from dualjax.cli.main import main
 from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
 from dualjax.core.report import REQUEST_COLUMNS, SCHEMA_VERSION
 from dualjax.outputs import OutputError, load_run, read_table, report_json, write_table
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.sim import simulate
 from dualjax.sim.profiles import PAPER_H800
 
@@ -175,18 +175,16 @@ def test_calibrate_writes_the_local_profile_to_the_per_user_home_and_nothing_els
     """`dualjax calibrate` writes its product, the `local` profile, to the per-user home and nothing else:
     its scratch store is gone when it ends. The measuring itself (minutes) is a stand-in that writes a
     scratch store and the profile."""
-    from dualjax.cli import calibrate
-    from dualjax.sim.profiles import save_hardware
+    from dualjax.bench import calibrate
     monkeypatch.setenv("DUALJAX_HOME", str(tmp_path / "home"))
     scratch = []
 
-    def measure(model, workload, store_dir, decode_slots, block_tokens, path, *rest):
+    def measure(model, workload, store_dir, *rest):
         os.makedirs(store_dir)
         open(os.path.join(store_dir, "segment"), "w").close()
         scratch.append(store_dir)
-        save_hardware(_measured(), path)
-        return _measured()
-    monkeypatch.setattr(calibrate, "_calibrate", measure)
+        return dataclasses.asdict(_measured())
+    monkeypatch.setattr(calibrate, "_measure", measure)
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     assert main(["calibrate", "--model", "tiny", "--quiet"]) == 0

@@ -4,7 +4,7 @@ traceback printed after an mpiexec job, several runs compared."""
 import json
 
 from dualjax.cli import main as cli
-from dualjax.runtime import launch
+from dualjax.runtime.cluster import runner
 
 
 def test_output_dirs_made(tmp_path):
@@ -22,7 +22,7 @@ def test_failed_host_printed(tmp_path, capsys, monkeypatch):
     def failed_job(cfg, quiet=False):  # a test double for mpiexec: one host failed and left its traceback
         (out / "failed-rank1.txt").write_text("Traceback ...\nRuntimeError: injected failure on rank 1")
         return 1
-    monkeypatch.setattr(launch, "launch_mpi", failed_job)
+    monkeypatch.setattr(runner, "launch_mpi", failed_job)
     assert cli.main(["run", "--quiet", "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert "a host failed" in err and f"{out}/failed-rank1.txt" in err and "injected failure on rank 1" in err

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 
-from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig, SimConfig
 from dualjax.core.sessions import (
     Session,
@@ -22,7 +21,8 @@ from dualjax.core.sessions import (
     turn_shape,
 )
 from dualjax.core.workload import TRACE_SHAPE, WorkloadError, load_workload
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
+from dualjax.runtime.verify import tokens_of
 from dualjax.sim import simulate
 from kvstore import BlockLayout, block_chain
 from tests.dualjax.core.trace_fixtures import session_requests, two_sessions, write_session

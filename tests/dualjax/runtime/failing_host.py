@@ -1,6 +1,6 @@
 """A test double for a host whose code fails: `failing(handle)` wraps a host class's `handle` so
 that it raises on the first request the host is assigned. Run as a script under mpiexec
-(`test_runtime`), this is `dualjax.runtime.rank` with the prefill host failing:
+(`test_runtime`), this is `dualjax.runtime.cluster.rank` with the prefill host failing:
 `mpiexec -n 3 python -m mpi4py tests/dualjax/runtime/failing_host.py --cluster 1p1d ...`."""
 
 import sys
@@ -18,7 +18,7 @@ def failing(handle):
 
 
 if __name__ == "__main__":
-    from dualjax.runtime import rank
+    from dualjax.runtime.cluster import rank
     from dualjax.runtime.prefill_host import PrefillHost
     PrefillHost.handle = failing(PrefillHost.handle)
     sys.exit(rank.main())

@@ -15,9 +15,9 @@ from safetensors.numpy import save_file
 
 import models
 from dualjax.cli.main import main as cli
-from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.runtime.store import open_store
+from dualjax.runtime.verify import tokens_of
 from kvstore import FingerprintMismatch
 from models.deepseek.hf import hf_config_dict, to_hf
 from models.source import file_sha256

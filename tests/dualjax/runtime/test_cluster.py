@@ -3,7 +3,7 @@ engines sharing a node split its devices, KV crosses hosts bit-exact and over th
 host that differs from rank 0's (too few nodes, another store, another dualjax, other weights) is
 refused before any work with one line naming it.
 
-Hosts are Linux namespaces on this machine (`dualjax.runtime.netns`; root, else those tests skip);
+Hosts are Linux namespaces on this machine (`dualjax.runtime.cluster.netns`; root, else those tests skip);
 every test that starts MPI ranks is `slow`."""
 
 import importlib.metadata
@@ -16,9 +16,9 @@ import sys
 import pytest
 
 import models
-from dualjax.cli.verify import tokens_of, verify
-from dualjax.runtime.launch import mpiexec
-from dualjax.runtime.netns import Hosts, unavailable
+from dualjax.runtime.cluster.netns import Hosts, unavailable
+from dualjax.runtime.cluster.runner import mpiexec
+from dualjax.runtime.verify import tokens_of, verify
 from kvstore import BlockStore, local_spec
 from tests.dualjax.runtime.test_runtime import BASE, REPO
 
@@ -84,7 +84,7 @@ def test_engines_sharing_a_node_split_its_cpu_devices(tmp_path):
         ("scheduler", "cpu", 0, 2), ("prefill", "cpu", 0, 2), ("decode", "cpu", 1, 2)]
     assert [r["devices"] for r in ranks[1:]] == [2, 2]
     embedded = BASE.replace(agents=2, turns=2, out=str(tmp_path / "embedded"))
-    from dualjax.runtime.launch import run_embedded
+    from dualjax.runtime.cluster.runner import run_embedded
     run_embedded(embedded, progress=False)
     assert tokens_of(str(out)) == tokens_of(embedded.out)
 
@@ -162,7 +162,7 @@ def test_a_host_with_another_dualjax_is_refused(tmp_path):
     with Hosts(2, binds={1: [(str(metadata), original)]}) as hosts:
         proc = _on_hosts(hosts, tmp_path, "--cluster", "1p1d")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    from dualjax.runtime.preflight import dualjax_version
+    from dualjax.runtime.cluster.preflight import dualjax_version
     assert _errors(proc.stderr) == [f"dualjax: error: host node1 (rank 2, decode) runs dualjax 9.9.9, rank 0 on node0 "
                                     f"runs {dualjax_version()}"]
 

@@ -5,9 +5,9 @@ the deadline fires (before the read starts, during it, after its end) the tokens
 
 import pytest
 
-import dualjax.runtime.launch as launch
 from dualjax.core.policies import Plan, Policy
 from dualjax.outputs import load_run
+from dualjax.runtime.cluster import runner
 from dualjax.runtime.store import open_store
 from tests.dualjax.runtime.test_plans_runtime import BASE, _run
 
@@ -36,8 +36,8 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("when", ["before", "during", "after"])
 def test_an_abandoned_read_gives_the_reference_tokens_and_leaves_nothing_held(tmp_path, monkeypatch, reference,
                                                                              side, when):
-    hosts, make = [], launch.make_host
-    monkeypatch.setattr(launch, "make_host", lambda *a: hosts.append(make(*a)) or hosts[-1])
+    hosts, make = [], runner.make_host
+    monkeypatch.setattr(runner, "make_host", lambda *a: hosts.append(make(*a)) or hosts[-1])
     _, tokens = _run(tmp_path, "run", Deadline(side, WHEN[when]), "tiny", snic_mbps=SNIC_MBPS)
     assert tokens == reference
     t = load_run(str(tmp_path / "run"), ["turn", "hit_tokens", "recomputed_tokens", "de_tokens"]).requests
@@ -61,8 +61,8 @@ def test_an_abandoned_read_gives_the_reference_tokens_and_leaves_nothing_held(tm
 
 
 def _verify_runs(tmp_path, launcher):
-    from dualjax.cli.verify import RUNS, deadlines_of, run_one
     from dualjax.core.config import RunConfig
+    from dualjax.runtime.verify import RUNS, deadlines_of, run_one
     base = RunConfig(BASE.cluster, model="tiny", workload="agentic-tiny", agents=3, turns=4)
     want = run_one(base.replace(use_store=False), "reference", "1p1d", "pe-only", True, "embedded", str(tmp_path))
     runs = [r for r in RUNS if r[0].startswith("deadlines-") and r[4] == launcher]

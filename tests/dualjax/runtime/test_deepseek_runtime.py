@@ -3,9 +3,9 @@ tokens of the no-store reference (the store, the relay and decode carry its late
 
 import pytest
 
-from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
+from dualjax.runtime.verify import tokens_of
 
 BASE = RunConfig(ClusterSpec(1, 1), model="deepseek-tiny", workload="agentic-tiny", agents=3, turns=3)
 

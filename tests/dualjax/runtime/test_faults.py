@@ -21,9 +21,9 @@ import time
 import numpy as np
 import pytest
 
-from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
+from dualjax.runtime.verify import tokens_of
 from kvstore.posix import PosixBackend
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=2, turns=3, policy="dualpath")

@@ -8,7 +8,7 @@ import pytest
 
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.outputs import load_run
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 
 # tiny blocks are 32 KiB: budgets of a few requests' KV, so admission control has to hold requests back
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", turns=3, pe_buffer_mb=0.4,

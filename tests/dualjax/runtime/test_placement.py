@@ -5,8 +5,8 @@ whatever order a launcher numbers them in, and engines sharing a node split its 
 import pytest
 
 from dualjax.core.config import ClusterSpec
-from dualjax.runtime.devices import device_env
-from dualjax.runtime.placement import (
+from dualjax.runtime.cluster.devices import device_env
+from dualjax.runtime.cluster.placement import (
     Node,
     Placement,
     PlacementError,

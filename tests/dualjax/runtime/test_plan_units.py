@@ -45,7 +45,7 @@ def test_both_sides_read_and_compute_the_same_tokens():
         T = r.block_tokens
         a = Assign.placed(d, Request(r.id, 0, 0, np.zeros(r.prompt_tokens, np.int32), 3, 0.0), d.path, True, 0.0)
         row = Row.placed(d, d.path, None)
-        assert a.reads("decode") * T == row.de == d.plan.de_tokens
-        assert a.reads("prefill") * T == row.cached - row.de == d.plan.pe_tokens(r)
+        assert a.reads("decode") * T == row.de_tokens == d.plan.de_tokens
+        assert a.reads("prefill") * T == row.cached - row.de_tokens == d.plan.pe_tokens(r)
         assert r.prompt_tokens - a.hit_blocks * T == row.remaining
         assert a.stored_blocks * T == r.hit_tokens and row.pe_load == d.pe_tokens

@@ -12,10 +12,10 @@ import pytest
 
 import kvstore
 import models
-from dualjax.cli.verify import plans_of, tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.policies import Plan, Policy
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
+from dualjax.runtime.verify import plans_of, tokens_of
 from tests.dualjax.runtime.test_faults import _flip
 from tests.dualjax.runtime.test_runtime import REPO
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from dualjax.cli import main as cli
-from dualjax.cli.verify import tokens_of
 from dualjax.core.config import ClusterSpec, RunConfig
 from dualjax.core.report import REQUEST_COLUMNS
 from dualjax.outputs import load_run
+from dualjax.runtime.cluster.runner import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.decode_host import DecodeHost
 from dualjax.runtime.host import shared
-from dualjax.runtime.launch import failed_hosts, mpiexec, run_embedded
 from dualjax.runtime.transport import HostFailure
+from dualjax.runtime.verify import tokens_of
 from tests.dualjax.runtime.failing_host import failing
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3)

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from dualjax.cli.verify import tokens_of
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.runtime.store import open_store, run_location
+from dualjax.runtime.verify import tokens_of
 from tests.dualjax.runtime.test_runtime import BASE
 
 

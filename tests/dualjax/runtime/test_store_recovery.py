@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dualjax.cli import main as cli
-from dualjax.cli.verify import tokens_of
+from dualjax.runtime.verify import tokens_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RUN = ["run", "--embedded", "--cluster", "1p1d", "--model", "tiny", "--workload", "agentic-tiny", "--agents", "2",

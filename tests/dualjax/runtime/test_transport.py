@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dualjax.runtime.buffers import BufferPool
-from dualjax.runtime.launch import mpiexec
+from dualjax.runtime.cluster.runner import mpiexec
 from dualjax.runtime.messages import LayerKV, PrefillDone, Ready
 from dualjax.runtime.transport import InProcFabric
 from dualjax.runtime.transport.receiver import Receiver

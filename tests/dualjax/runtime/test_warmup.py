@@ -7,8 +7,9 @@ import jax
 
 import models
 from dualjax.core.config import COMPILE_CACHE_ENV, ClusterSpec, RunConfig, use_compile_cache
-from dualjax.runtime import launch, warmup
-from dualjax.runtime.launch import run_embedded
+from dualjax.runtime import warmup
+from dualjax.runtime.cluster import runner
+from dualjax.runtime.cluster.runner import run_embedded
 from dualjax.runtime.warmup import MAX_WARM_ROWS, prompt_lengths, warm_shapes
 
 BASE = RunConfig(ClusterSpec(1, 1), model="tiny", workload="agentic-tiny", agents=3, turns=3, policy="pe-only")
@@ -20,12 +21,12 @@ def test_every_pass_warmed(tmp_path, monkeypatch, compile_log):
     clock = []  # when rank 0 starts the run's clock: every host has reported warm
 
     def wait_warm(*args, **kw):
-        out = launch_wait_warm(*args, **kw)
+        out = runner_wait_warm(*args, **kw)
         clock.append(time.time())
         return out
 
-    launch_wait_warm = launch.wait_warm
-    monkeypatch.setattr(launch, "wait_warm", wait_warm)
+    runner_wait_warm = runner.wait_warm
+    monkeypatch.setattr(runner, "wait_warm", wait_warm)
     # start cold, as a fresh process would: earlier tests' programs would not be compiled (nor logged) again
     jax.clear_caches()
     monkeypatch.setattr(warmup, "_WARMED", set())

@@ -164,7 +164,7 @@ def test_a_policy_object_runs_in_the_pool(tmp_path):
 @pytest.mark.slow
 def test_mpiexec_refuses_a_bad_grid_in_one_line(tmp_path):
     """Under mpiexec a bad grid is one line from rank 0 and exit code 2, every rank ending cleanly."""
-    from dualjax.runtime.launch import mpiexec
+    from dualjax.runtime.cluster.runner import mpiexec
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.cli.main", "sim", "sweep",
            "--policies", "nosuch", "--out", str(tmp_path / "o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -177,7 +177,7 @@ def test_mpiexec_refuses_a_bad_grid_in_one_line(tmp_path):
 def test_mpiexec_ranks_split_a_sweep(tmp_path):
     """Under mpiexec (2 ranks) each point runs once, on one rank, and rank 0 writes the whole summary: the
     rows one process gives."""
-    from dualjax.runtime.launch import mpiexec
+    from dualjax.runtime.cluster.runner import mpiexec
     argv = ["sim", "sweep", "--policies", "dualpath,pe-only", "--workloads", "paper-32k", "--clusters", "2p2d",
             "--agents", "2", "--turns", "2", "--seeds", "0,1", "--jobs", "1", "--quiet"]
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dualjax.cli.main", *argv,

@@ -26,10 +26,10 @@ from dualjax.core.policies import Policy, PolicyError, get_policy
 from dualjax.core.report import build_report
 from dualjax.core.workload import load_workload, slo_for, workload_report
 from dualjax.outputs import real_columns, unwritable_dir, write_run
+from dualjax.runtime.cluster.placement import Placement, read_nodes
 from dualjax.runtime.decode_host import DecodeHost, decode_capacity
 from dualjax.runtime.driver import Driver
 from dualjax.runtime.host import keep_failure
-from dualjax.runtime.placement import Placement, read_nodes
 from dualjax.runtime.prefill_host import PrefillHost
 from dualjax.runtime.startup import thresholds
 from dualjax.runtime.store import open_store, run_layout, run_location, run_model
@@ -111,7 +111,7 @@ def run_embedded(cfg: RunConfig, progress: bool = True, policy: Policy | None = 
 def check_run(cfg: RunConfig, embedded: bool = False) -> None:
     """Fail fast, before any process starts: the output directory can be written, the hostfile holds
     the cluster, presets and policy resolve, the workload loads, buffers hold a block, the store
-    matches (here: each host checks its own at start-up, `dualjax.runtime.preflight`)."""
+    matches (here: each host checks its own at start-up, `dualjax.runtime.cluster.preflight`)."""
     why = unwritable_dir(cfg.out)
     if why:
         raise ConfigError(f"--out: {why}")
@@ -145,7 +145,7 @@ def mpiexec() -> str:
 
 
 def mpiexec_cmd(cfg: RunConfig, quiet: bool = False) -> list[str]:
-    """`mpiexec [-hosts H:N,...] -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS` (the flags
+    """`mpiexec [-hosts H:N,...] -n 1+P+D python -m mpi4py -m dualjax.runtime.cluster.rank FLAGS` (the flags
     rebuilt from `cfg`); with `cfg.hostfile`, the hosts of its placement, each with the ranks placed
     there (Hydra starts them through its launcher: ssh, or srun inside a SLURM allocation)."""
     from dualjax.core.config import to_argv
@@ -155,7 +155,7 @@ def mpiexec_cmd(cfg: RunConfig, quiet: bool = False) -> list[str]:
         hosts = ["-hosts", Placement.plan(cfg.cluster, nodes, source).hydra_hosts()]
     argv = to_argv(cfg) + (["--quiet"] if quiet else [])
     return [mpiexec(), *hosts, "-n", str(cfg.cluster.size), sys.executable, "-m", "mpi4py", "-m",
-            "dualjax.runtime.rank", *argv]
+            "dualjax.runtime.cluster.rank", *argv]
 
 
 def launch_mpi(cfg: RunConfig, quiet: bool = False) -> int:

@@ -5,7 +5,7 @@ engine, a prefill engine (PE) or a decode engine (DE), on all of its devices. Th
 in the order listed: the first P are the PEs, the next D the DEs, and the scheduler (rank 0) runs
 on the first node, beside its PE when the list has no node to spare for it (it needs no device).
 A node listed as `name:N` runs N engines (the single-machine case: `localhost:3`), each on its
-share of the node's devices (`dualjax.runtime.devices`).
+share of the node's devices (`dualjax.runtime.cluster.devices`).
 
 Roles are given explicitly, never by the order in which a launcher numbers its ranks: every rank
 says which host it is on (its hostname), `Placement.assign` matches the ranks of each host to the

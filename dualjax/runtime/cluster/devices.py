@@ -19,7 +19,7 @@ import math
 import os
 import re
 
-from dualjax.runtime.placement import Seat
+from dualjax.runtime.cluster.placement import Seat
 
 JAX_DEFAULT_FRACTION = 0.75  # what JAX preallocates of each GPU unless told otherwise
 _CPU_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")

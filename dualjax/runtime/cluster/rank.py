@@ -1,7 +1,7 @@
-"""One MPI rank of a run: `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.rank FLAGS`.
+"""One MPI rank of a run: `mpiexec -n 1+P+D python -m mpi4py -m dualjax.runtime.cluster.rank FLAGS`.
 
 Takes the flags of `dualjax run` (derived from `RunConfig`). The ranks first place themselves
-(`dualjax.runtime.preflight.join`: each rank's role follows its host, from `--hostfile` or the hosts
+(`dualjax.runtime.cluster.preflight.join`: each rank's role follows its host, from `--hostfile` or the hosts
 the launcher used, never the launcher's rank order), take their devices and check that every host
 runs the same software and model and sees the same store; a refusal is one line from rank 0 and
 exit code 2 on every rank. Then rank 0 drives the workload, writes the outputs and prints the
@@ -19,7 +19,7 @@ import sys
 from dualjax.core.config import RunConfig, add_flags, from_args, use_compile_cache
 
 
-def parser(prog: str = "dualjax.runtime.rank") -> argparse.ArgumentParser:
+def parser(prog: str = "dualjax.runtime.cluster.rank") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, RunConfig)
@@ -38,10 +38,10 @@ def refuse(message: str, rank: int) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> int:
+def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.cluster.rank") -> int:
     use_compile_cache()  # before JAX loads: a rank loads what another run (or rank) compiled
     from dualjax.core.policies import PolicyError
-    from dualjax.runtime.preflight import REFUSED, Refused, join
+    from dualjax.runtime.cluster.preflight import REFUSED, Refused, join
     from dualjax.runtime.transport import MpiTransport, comm_world
 
     args = parser(prog).parse_args(argv)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None, prog: str = "dualjax.runtime.rank") -> i
         comm, placement, devices = join(world, cfg)
     except Refused as e:
         return refuse(str(e), world.Get_rank())
-    from dualjax.runtime.launch import describe_placement, run_rank, summary_line
+    from dualjax.runtime.cluster.runner import describe_placement, run_rank, summary_line
     progress = comm.Get_rank() == 0 and not args.quiet
     if progress:
         print(describe_placement(placement, devices), file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ of the error bound (by hand: no runs, no simulations)."""
 
 import pytest
 
-from dualjax.cli.validate import CONTROL_NAME, _configurations, _speedups, _spread, _table
+from dualjax.sim.validate import CONTROL_NAME, _configurations, _speedups, _spread, _table
 
 
 def _run(config, repeat, jct, cluster="1p1d", policy="dualpath", scheduler="full", unwarmed=()):

@@ -4,8 +4,8 @@ Every rank runs `join` collectively, in this order:
 
 1. **Placement.** Each rank says its hostname; rank 0 plans the placement (`--hostfile`, or the
    launched ranks' hosts in order of their first rank) and matches every rank to its seat
-   (`dualjax.runtime.placement`). The run's communicator is then renumbered in placement order.
-2. **Devices.** Each rank sets its device environment (`dualjax.runtime.devices`) before JAX starts.
+   (`dualjax.runtime.cluster.placement`). The run's communicator is then renumbered in placement order.
+2. **Devices.** Each rank sets its device environment (`dualjax.runtime.cluster.devices`) before JAX starts.
 3. **Same software and model.** Each rank reports its dualjax version, the fingerprint of its model
    and KV layout (a checkpoint's digest included: a host whose copy of the weights differs is
    caught here) and its settings; all must equal rank 0's.
@@ -31,8 +31,8 @@ import numpy as np
 
 from dualjax.core.config import ConfigError, RunConfig, to_argv
 from dualjax.outputs import OutputError, unwritable_dir
-from dualjax.runtime.devices import use_devices
-from dualjax.runtime.placement import Node, Placement, PlacementError, read_nodes
+from dualjax.runtime.cluster.devices import use_devices
+from dualjax.runtime.cluster.placement import Node, Placement, PlacementError, read_nodes
 
 REFUSED = 2  # exit code of a run refused at start-up
 
