@@ -22,7 +22,6 @@ import numpy as np
 
 import models
 from dualjax.core.lengths import hit_tokens
-from dualjax.core.policies import get_policy
 from dualjax.core.workload import load_workload
 from dualjax.runtime.messages import EngineState, Warm
 from dualjax.runtime.transport import HostFailure
@@ -74,7 +73,7 @@ def _cut_anywhere(cfg, model_cfg, agents: list, pieces: set, fit) -> int:
     exceeds it: `batching.pack` then chunks the request that overflows at any length, up to the
     longest piece)."""
     longest_new = max(n for _, n in pieces)
-    if get_policy(cfg.policy).name not in LOADS_EVERY_HIT:
+    if cfg.policy not in LOADS_EVERY_HIT:  # a policy of the user's (a reference or an object's name) may recompute
         return cfg.prefill_chunk
     if cfg.scheduler == "naive":  # no quota: every ready request, each up to the chunk cap
         return 0

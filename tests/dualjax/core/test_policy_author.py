@@ -158,7 +158,8 @@ def test_constructor_arguments_by_name():
     assert "HitRatio(threshold=0.5, side=None) cannot be built from {'treshold': 0.9}" in one_line(e)
     with pytest.raises(PolicyError) as e:
         get_policy("hit-ratio:side=both")
-    assert "raised ValueError at field_policies.py:" in one_line(e) and "side='both': one of pe, de, dualpath" in str(e.value)
+    assert "raised ValueError at field_policies.py:" in one_line(e)
+    assert "side='both': one of pe, de, dualpath" in str(e.value)
 
 
 def test_a_module_that_cannot_be_imported_says_where_modules_are_found(tmp_path, monkeypatch):
