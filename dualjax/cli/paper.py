@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 
 from dualjax.core.config import number
-from dualjax.outputs import output_dir, output_file, unwritable_dir, unwritable_file, write_json, writing
+from dualjax.outputs import output_dir, output_file, write_json, writing
 from dualjax.sim.paper import ABLATION_STEPS, OFFLINE, QUICK, Scale, markdown, reproduce
 from dualjax.sim.profiles import PAPER_FIT, get_hardware
 
@@ -34,8 +35,8 @@ from dualjax.sim.profiles import PAPER_FIT, get_hardware
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", type=output_file, required=True,
                    help="write the result as one JSON object to FILE")
-    p.add_argument("--md", metavar="FILE", type=output_file, help="markdown table (default: FILE.md beside --json)")
-    p.add_argument("--plot", metavar="FILE", type=output_file, help="figure, PNG (default: FILE.png beside --json)")
+    p.add_argument("--md", metavar="FILE", type=output_file, help="also write the markdown table to FILE")
+    p.add_argument("--plot", metavar="FILE", type=output_file, help="also draw the figure (PNG) to FILE")
     p.add_argument("--hardware", default="paper-h800",
                    help="paper-h800 (its packaged fit), a fit file of `dualjax sim fit`, or a profile JSON")
     p.add_argument("--no-large", dest="large", action="store_false", help="leave out 48P96D x 49,152 agents")
@@ -44,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall-s", type=number(inf_ok=True), default=float("inf"),
                    help="skip points predicted to end past this wall time (default: none skipped)")
     p.add_argument("--quick", action="store_true", help="every point at a tiny scale (2P2D, a few agents: CI)")
-    p.add_argument("--out", metavar="DIR", type=output_dir, help="each point's run outputs, read back by a later "
-                   "call (default: FILE-runs beside --json)")
+    p.add_argument("--out", metavar="DIR", type=output_dir, help="keep each point's run outputs in DIR, read back "
+                   "by a later call with the same DIR (default: a temporary directory, removed at the end)")
     p.add_argument("--jobs", type=number(kind=int), metavar="N", help="processes (default: every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -56,30 +57,30 @@ def main(argv=None, args=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = args if args is not None else p.parse_args(argv)
-    base = os.path.splitext(args.json)[0]
-    for flag, suffix in (("md", ".md"), ("plot", ".png")):  # beside --json unless given: checked before the work
-        if not getattr(args, flag) and (why := unwritable_file(base + suffix)):
-            p.error(f"--{flag} (default {base + suffix}): {why}")
-    if not args.out and (why := unwritable_dir(base + "-runs")):
-        p.error(f"--out (default {base}-runs): {why}")
-    out = args.out or base + "-runs"
+    with tempfile.TemporaryDirectory(prefix="dualjax-paper-") as scratch:
+        return _reproduce(args, args.out or scratch)
+
+
+def _reproduce(args, out: str) -> dict:
     hw = get_hardware(args.hardware)
     fit_file = _fit_of(args.hardware)
     print(f"sim paper on {hw.name}{' (quick)' if args.quick else ''}: " + hw.notes.split(" Fit: ")[-1])
     from tqdm import tqdm
     result = reproduce(hw, fit_file, QUICK if args.quick else Scale(), args.large, args.sensitivity, args.max_wall_s,
                        log=tqdm.write, out=out, jobs=args.jobs, progress=not args.quiet)
-    result["out"] = out
+    result["out"] = args.out
     result = json.loads(json.dumps(result))  # the keys as the file has them
-    result["table"], result["plot"] = args.md or base + ".md", args.plot or base + ".png"
+    result["table"], result["plot"] = args.md, args.plot
     table = markdown(result)
-    with writing(result["table"]), open(result["table"], "w") as f:
-        f.write(table)
-    with writing(result["plot"]):
-        plot_paper(result["plot"], result)
+    if args.md:
+        with writing(args.md), open(args.md, "w") as f:
+            f.write(table)
+    if args.plot:
+        with writing(args.plot):
+            plot_paper(args.plot, result)
     write_json(args.json, result)
     print(table)
-    print(f"-> {args.json}, {result['table']}, {result['plot']} ({result['wall_s']:.0f} s)")
+    print(f"-> {', '.join(f for f in (args.json, args.md, args.plot) if f)} ({result['wall_s']:.0f} s)")
     return result
 
 

@@ -87,8 +87,7 @@ def test_bad_run_flags(tmp_path, capsys, argv, message):
     (["plan", "--json", "/proc/p.json"], "cannot write"),
     (["sim", "--json", "/proc/sim.json"], "cannot write"),
     (["report", "{dir}/other", "--plot", "/proc/rep.png"], "cannot write"),
-    (["sim", "paper", "--json", "{dir}/a.b/out", "--md", "{dir}/t.md"],  # the figure's name: beside --json
-     "--plot (default {dir}/a.b/out.png): {dir}/a.b/out.png is a directory"),
+    (["sim", "paper", "--json", "{dir}/p.json", "--plot", "{dir}"], "{dir} is a directory, not a file"),
     (["verify", "--hostfile", "{empty}"], "hostfile {empty}, line 1: expected HOST or HOST:N"),
     (["verify", "--hostfile", "{file}"], "hostfile {file} lists no hosts"),
     (["verify", "--hostfile", "slurm"], "--hostfile slurm: SLURM_JOB_NODELIST is not set"),

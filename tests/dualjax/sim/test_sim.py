@@ -567,13 +567,18 @@ def test_the_fit_reaches_its_targets_and_writes_a_profile(tmp_path):
 @pytest.mark.slow
 def test_sim_paper_quick_writes_every_key_a_table_and_a_figure(tmp_path):
     js = tmp_path / "paper.json"
-    assert main(["sim", "paper", "--quick", "--json", str(js)]) == 0
+    assert main(["sim", "paper", "--quick", "--json", str(js), "--md", str(tmp_path / "paper.md"), "--plot",
+                 str(tmp_path / "paper.png")]) == 0
     r = json.loads(js.read_text())
     assert set(r["ablation"]) == {"8", "16"} and set(r["ablation"]["16"]) == {"basic", "layerwise", "dual-path",
-                                                                              "dualpath", "oracle"}
+                                                                              "dualpath", "oracle", "dual-path-queue"}
+    assert set(r["capacity_aps_by_reading"]) == {"mean", "attainment"}
+    assert r["capacity_aps_by_reading"]["mean"] == r["capacity_aps"]  # the default reading
+    assert set(r["attention_max_over_avg"]) == {"dual-path", "dualpath"}
     assert set(r["offline"]) == {"8", "16", "32"} and set(r["offline"]["32"]) == {"dualpath", "basic", "oracle"}
     assert set(r["capacity_aps"]) == {"basic", "dualpath"} and set(r["snic_max_over_avg"]) == {"round-robin",
                                                                                                "dualpath"}
     assert {"ttft_s", "ttst_s", "tpot_s"} <= set(r["online"]) and {"jct_s", "wall_s"} <= set(r["large"])
     assert r["large"]["jct_s"] > 0 and all(v > 0 for v in r["ablation"]["16"].values())
     assert (tmp_path / "paper.md").read_text().count("|") > 50 and (tmp_path / "paper.png").exists()
+    assert sorted(os.listdir(tmp_path)) == ["paper.json", "paper.md", "paper.png"]  # nothing else written
