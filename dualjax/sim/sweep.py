@@ -44,6 +44,7 @@ from dualjax.sim import simulate
 from dualjax.sim.profiles import Hardware, get_hardware, model_cost
 
 POINT_FILE, RESULT_FILE, SUMMARY = "point.json", "result.json", "summary.parquet"
+CODE_FILE = "code"  # a Call's `code_digest` beside its result
 PARTIAL, FAILED = ".partial", "failed"
 
 
@@ -121,6 +122,29 @@ def digest(x) -> str:
     return hashlib.sha1(json.dumps(_canonical(x), sort_keys=True).encode()).hexdigest()[:10]
 
 
+_SIM_CODE = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # dualjax/: core, sim and the rest
+
+
+def code_digest(policy=None) -> str:
+    """A digest of the code a point's result depends on: dualjax's sources, models' configs and cost terms, and
+    the module of a policy object of the user's. A point done by other code is not done: resuming after an
+    edit runs it again rather than reading back a result the code no longer gives."""
+    files = []
+    import models
+    for root in (*_SIM_CODE, os.path.dirname(os.path.abspath(models.__file__))):
+        for d, _, names in os.walk(root):
+            files += [os.path.join(d, n) for n in names if n.endswith(".py")]
+    if policy is not None and not isinstance(policy, str):
+        import inspect
+        with contextlib.suppress(TypeError):  # a class defined in a notebook has no file: its state is in the id
+            files.append(inspect.getfile(type(policy)))
+    h = hashlib.sha1()
+    for f in sorted(files):
+        with open(f, "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()[:12]
+
+
 def policy_ref(policy) -> str:
     """A policy's name as a grid shows it: a built-in's name, `module:Class` of an object's class (or the
     reference it was given as)."""
@@ -181,7 +205,10 @@ class Point:
 
     def done(self, out: str) -> bool:
         d = os.path.join(out, self.id)
-        return all(os.path.exists(os.path.join(d, f)) for f in (REPORT, TABLE, POINT_FILE))
+        if not all(os.path.exists(os.path.join(d, f)) for f in (REPORT, TABLE, POINT_FILE)):
+            return False
+        with open(os.path.join(d, POINT_FILE)) as f:
+            return json.load(f).get("code") == code_digest(self.policy)
 
     def execute(self, tmp: str) -> dict:
         """Simulate, write the run's outputs and point.json into `tmp`; the summary row."""
@@ -189,7 +216,8 @@ class Point:
         report = simulate(self.config, out=tmp, policy=self.policy, hardware=self.hardware, progress=False)
         wall = time.perf_counter() - t0
         with open(os.path.join(tmp, POINT_FILE), "w") as f:
-            json.dump({"settings": self.settings(), "wall_s": wall, "key": _canonical(self.config)}, f, indent=1)
+            json.dump({"settings": self.settings(), "wall_s": wall, "key": _canonical(self.config),
+                       "code": code_digest(self.policy)}, f, indent=1)
         return row(self, report, wall)
 
     def read(self, out: str) -> dict:
@@ -225,12 +253,18 @@ class Call:
         return self.weight
 
     def done(self, out: str) -> bool:
-        return os.path.exists(os.path.join(out, self.id, RESULT_FILE))
+        path = os.path.join(out, self.id, CODE_FILE)
+        if not os.path.exists(os.path.join(out, self.id, RESULT_FILE)) or not os.path.exists(path):
+            return False
+        with open(path) as f:
+            return f.read() == code_digest()
 
     def execute(self, tmp: str) -> Any:
         result = json.loads(json.dumps(self.fn(*self.args), default=_canonical))
         with open(os.path.join(tmp, RESULT_FILE), "w") as f:
             json.dump(result, f, indent=1)
+        with open(os.path.join(tmp, CODE_FILE), "w") as f:
+            f.write(code_digest())
         return result
 
     def read(self, out: str) -> Any:
@@ -478,8 +512,11 @@ def _execute(task, out: str) -> tuple[Any, float, str | None]:
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         return None, time.perf_counter() - t0, traceback.format_exc()
+    final = os.path.join(out, task.id)
+    if os.path.isdir(final) and not task.done(out):  # another code's result (`code_digest`): replaced
+        shutil.rmtree(final, ignore_errors=True)
     try:
-        os.replace(tmp, os.path.join(out, task.id))
+        os.replace(tmp, final)
     except OSError:  # another rank finished it first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
     return result, time.perf_counter() - t0, None

@@ -202,3 +202,19 @@ def test_call_results_are_kept_and_read_back(tmp_path):
 def _lifetime(cfg):
     from dualjax.sim.search import agent_lifetime
     return agent_lifetime(dataclasses.replace(cfg), agents=2)
+
+
+def test_a_point_made_by_other_code_runs_again(tmp_path, monkeypatch):
+    """Resume reads a point back only if the code that made it is today's (`code_digest`): after an edit to
+    the simulator or to the user's policy, the old result is run again and replaced, not read back."""
+    calls = []
+    real = sw.simulate
+    monkeypatch.setattr(sw, "simulate", lambda cfg, **kw: calls.append(cfg) or real(cfg, **kw))
+    points = tiny()
+    sw.sweep(points, str(tmp_path), jobs=1, progress=False)
+    assert len(calls) == 2
+    monkeypatch.setattr(sw, "code_digest", lambda policy=None: "edited")
+    again = sw.sweep(points, str(tmp_path), jobs=1, progress=False)
+    assert len(calls) == 4 and (again["ran"], again["resumed"]) == (2, 0)
+    for p in points:
+        assert json.loads((tmp_path / p.id / "point.json").read_text())["code"] == "edited"
