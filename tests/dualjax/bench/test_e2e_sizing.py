@@ -16,8 +16,8 @@ from dualjax.bench.e2e import (
     _naive,
     _name,
     _planned,
-    _spread,
     pass_shapes,
+    spread,
 )
 from dualjax.sim.profiles import get_hardware
 from dualjax.sim.validate import _probe_of, _speed_ratio
@@ -65,7 +65,7 @@ def test_repeats_run_round_after_round_with_the_control_again():
 
 
 def test_spread_and_what_scheduling_buys():
-    assert _spread([3.0, 1.0, 2.0]) == {"values": [3.0, 1.0, 2.0], "n": 3, "min": 1.0, "median": 2.0, "max": 3.0,
+    assert spread([3.0, 1.0, 2.0]) == {"values": [3.0, 1.0, 2.0], "n": 3, "min": 1.0, "median": 2.0, "max": 3.0,
                                         "spread": 1.0}
     # per round naive / dualpath: 12/10, 10/10, 18/12 = 1.2, 1.0, 1.5; medians 12 / 10
     done = {"1p1d-dualpath": [(Spec("1p1d", "dualpath", repeat=k), {"jct_s": t}) for k, t in enumerate([10, 10, 12])],
