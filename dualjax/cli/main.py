@@ -14,7 +14,7 @@
     dualjax sim fit                             fit paper-h800's three fitted inputs to the paper's figures
     dualjax workload stats NAME [--json FILE]   a workload's turns, append, gen, total and mean context
     dualjax calibrate [--model M]               measure this machine into the simulator's `local` profile
-    dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane} [--json FILE]
+    dualjax bench {model,kvstore,relay,layerwise,e2e,dataplane,policies} [--json FILE]
 
 Every subcommand takes --help and --log-level, and every one that shows progress --quiet (the
 results are printed as without it). One name per thing: --model M (a preset; where a real model
