@@ -319,10 +319,11 @@ class Simulation(PrefillSide, DecodeSide):
         """Place what can be placed after the event keyed `due` = (time, order)."""
         self.dirty = False
         self._reads_done(due)
-        sch = self.scheduler
-        for d in sch.schedule(self.waiting):
+        reserved = self.cfg.de_memory == "reserved"  # the memory is taken here (resident: when the KV moves in)
+        for d in self.scheduler.schedule(self.waiting):
             self._place(d)
-            self._note_de_memory(self.engines[d.de])
+            if reserved:
+                self._note_de_memory(self.engines[d.de])
 
     def _note_de_memory(self, de: DecodeEngine) -> None:
         """The share of `de`'s KV memory the scheduler counts as taken (`de_memory`: reserved or resident),

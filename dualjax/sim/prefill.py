@@ -104,27 +104,22 @@ class PeGroup:
             pe.group = self
 
 
-def _ready(rows: list[Row], now: float, floor_bytes: float, budget: float):
+def _ready(rows: list[Row], now: float, floor_bytes: float, budget: float, seen: list):
     """Layerwise: the rows a pass may take, in FIFO order: read (t1 <= now), and the first row being read
-    (its layers arrive during the pass). Lazy, and it stops once the rows' prefixes alone (`floor_bytes`
-    per cached token, a lower bound of what `fit_memory` counts) pass `budget`: what follows cannot fit."""
+    (its layers arrive during the pass), counting in seen[0] those taken. Lazy, and it stops once the rows'
+    prefixes alone (`floor_bytes` per cached token, a lower bound of what `fit_memory` counts) pass
+    `budget`: what follows cannot fit."""
     first, held = True, 0.0
     for r in rows:
         if r.t1 is None:
             continue
         if r.t1 <= now or first:
+            seen[0] += 1
             yield r
             held += r.cached * floor_bytes
             if held > budget:
                 return
         first = False
-
-
-def _counted(rows, seen: list):
-    """`rows`, counting in seen[0] those taken."""
-    for r in rows:
-        seen[0] += 1
-        yield r
 
 
 def _unbatched(rows: list[Row]):
@@ -159,7 +154,7 @@ class PrefillSide:
             return []
         L, held = self.model.n_layers, self.cfg.layerwise_layers
         seen = [0]
-        rows = _counted(_ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget), seen)
+        rows = _ready(pe.rows, self.now, self.kvb * held / L, pe.hbm.budget, seen)
         packed = self._pack(rows)
         if packed and self.cfg.scheduler != "naive":  # `pack` stops early only at the quota
             w, n = packed[-1]
