@@ -7,19 +7,9 @@ import numpy as np
 import pytest
 
 import kvstore as kv
-from tests.kvstore.stores import LAYOUT, open_store
+from tests.kvstore.stores import LAYOUT
 from tests.kvstore.stores import blocks as _blocks
 from tests.kvstore.stores import chain as _chain
-
-
-@pytest.fixture(scope="module", params=["posix", "memory"])
-def filled(request, tmp_path_factory):
-    """A store of 20 blocks read through each back end's read tasks."""
-    s = open_store(request.param, tmp_path_factory.mktemp("store"))
-    ids, blocks = _chain(20), _blocks(20)
-    s.put(ids, blocks)
-    yield s, ids, blocks
-    s.close()
 
 
 @pytest.mark.parametrize("layer_major", [False, True])

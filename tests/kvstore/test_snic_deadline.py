@@ -8,20 +8,9 @@ import numpy as np
 import pytest
 
 import kvstore as kv
-from tests.kvstore.stores import LAYOUT, open_store
-from tests.kvstore.stores import blocks as _blocks
-from tests.kvstore.stores import chain as _chain
+from tests.kvstore.stores import LAYOUT
 
 RATE = 40  # blocks/s: 25 ms a block, 20 blocks in 0.5 s
-
-
-@pytest.fixture(scope="module", params=["posix", "memory"])
-def filled(request, tmp_path_factory):
-    s = open_store(request.param, tmp_path_factory.mktemp("store"))
-    ids, blocks = _chain(20), _blocks(20)
-    s.put(ids, blocks)
-    yield s, ids, blocks
-    s.close()
 
 
 def _nic(name):
