@@ -8,8 +8,8 @@ import random
 import pytest
 
 from dualjax.core.reference import ReferenceScheduler
-from dualjax.core.scheduler import RequestView, Scheduler, Thresholds, Waiting
-from tests.dualjax.core.test_reference_scheduler import POLICIES, cluster
+from dualjax.core.scheduler import Scheduler, Thresholds, Waiting
+from tests.dualjax.core.test_reference_scheduler import POLICIES, arrive, assert_alike, cluster
 
 SCENARIOS, ROUNDS = 16, 16
 
@@ -28,14 +28,7 @@ def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
         getattr(ref, method)(*args)
 
     for rnd in range(ROUNDS):
-        for _ in range(rng.randint(0, 4)):
-            block = rng.choice([16, 64])
-            prompt = rng.randint(1, 3000)
-            r = RequestView(n, rng.randint(0, 5), rnd, prompt, block * rng.randint(0, prompt // block),
-                            rng.randint(1, 500), block)
-            w_fast.append(r)
-            w_ref.append(r)
-            n += 1
+        n = arrive(rng, rnd, n, w_fast, w_ref)
         for d in list(live):  # [decision, stage]: 0 prefilling, 1 KV waiting in the DE buffer, 2 decoding
             if d[1] == 0 and rng.random() < 0.5:
                 both("update", d[0].pe, -1, -d[0].pe_tokens)
@@ -49,11 +42,7 @@ def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
         for _ in range(rng.randint(0, 2)):
             both("set_read_queue", rng.choice(nodes), rng.randint(0, int(2 * th.alpha_tokens)))
         got, want = fast.schedule(w_fast), ref.schedule(w_ref)
-        where = f"{name} seed={seed} naive={naive} round={rnd}"
-        assert ([(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in got]
-                == [(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in want]), where
-        assert [fast.view(r) for r in ranks] == [ref.view(r) for r in ranks], where
-        assert [r.id for r in w_fast] == [r.id for r in w_ref], where
+        assert_alike(fast, ref, got, want, ranks, w_fast, w_ref, f"{name} seed={seed} naive={naive} round={rnd}")
         live += [[d, 0] for d in got]
         tally["decisions"] += len(got)
         tally["moved in"] += sum(d[1] == 2 for d in live)

@@ -65,6 +65,27 @@ def cluster(rng: random.Random, th: Thresholds, memory: str) -> list[EngineView]
     return out
 
 
+def arrive(rng: random.Random, rnd: int, n: int, *queues: Waiting) -> int:
+    """0-4 random requests of round `rnd`, numbered from `n`, into every queue; the next number."""
+    for _ in range(rng.randint(0, 4)):
+        block = rng.choice([16, 64])
+        prompt = rng.randint(1, 3000)
+        r = RequestView(n, rng.randint(0, 5), rnd, prompt, block * rng.randint(0, prompt // block),
+                        rng.randint(1, 500), block)
+        for q in queues:
+            q.append(r)
+        n += 1
+    return n
+
+
+def assert_alike(fast, ref, got, want, ranks, w_fast, w_ref, where: str) -> None:
+    """One round's decisions, every engine's view and the waiting queue, the same in both schedulers."""
+    assert ([(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in got]
+            == [(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in want]), where
+    assert [fast.view(r) for r in ranks] == [ref.view(r) for r in ranks], where
+    assert [r.id for r in w_fast] == [r.id for r in w_ref], where
+
+
 def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
     rng = random.Random(seed)
     th = Thresholds(rng.randint(500, 5000), rng.randint(2000, 20000), rng.choice([1.0, 1.5, 5.0]))
@@ -79,14 +100,7 @@ def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
         getattr(ref, method)(*args)
 
     for rnd in range(ROUNDS):
-        for _ in range(rng.randint(0, 4)):
-            block = rng.choice([16, 64])
-            prompt = rng.randint(1, 3000)
-            r = RequestView(n, rng.randint(0, 5), rnd, prompt, block * rng.randint(0, prompt // block),
-                            rng.randint(1, 500), block)
-            w_fast.append(r)
-            w_ref.append(r)
-            n += 1
+        n = arrive(rng, rnd, n, w_fast, w_ref)
         for d in list(live):  # prefills, then decodes, finish
             if d[1] and rng.random() < 0.5:
                 both("update", d[0].pe, -1, -d[0].pe_tokens)
@@ -100,11 +114,8 @@ def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
             both("set_read_queue", rng.choice(nodes), rng.randint(0, int(2 * th.alpha_tokens)))
         got, want = fast.schedule(w_fast), ref.schedule(w_ref)
         where = f"{name} seed={seed} naive={naive} round={rnd}"
-        assert ([(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in got]
-                == [(d.request.id, d.pe, d.de, d.path, d.plan, d.pe_tokens) for d in want]), where
-        assert [fast.view(r) for r in ranks] == [ref.view(r) for r in ranks], where
+        assert_alike(fast, ref, got, want, ranks, w_fast, w_ref, where)
         assert [fast.read_queue(x) for x in nodes] == [ref.read_queue(x) for x in nodes], where
-        assert [r.id for r in w_fast] == [r.id for r in w_ref], where
         assert list(fast.group_load) == [ref.load(g, w_ref) for g in ref.groups], where
         if not naive:
             assert ([[r.id for r in q] for q in fast.group_queues]
