@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -122,7 +123,23 @@ def digest(x) -> str:
     return hashlib.sha1(json.dumps(_canonical(x), sort_keys=True).encode()).hexdigest()[:10]
 
 
-_SIM_CODE = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # dualjax/: core, sim and the rest
+def _digest_files(files: list[str], h=None):
+    h = h or hashlib.sha1()
+    for f in sorted(files):
+        with open(f, "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
+    return h
+
+
+@functools.cache
+def _package_digest() -> str:
+    """dualjax's and models' sources, read once per process (the code it runs was imported once too)."""
+    import models
+    files = []
+    for pkg in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(models.__file__)):
+        for d, _, names in os.walk(pkg):
+            files += [os.path.join(d, n) for n in names if n.endswith(".py")]
+    return _digest_files(files).hexdigest()
 
 
 def code_digest(policy=None) -> str:
@@ -130,19 +147,11 @@ def code_digest(policy=None) -> str:
     the module of a policy object of the user's. A point done by other code is not done: resuming after an
     edit runs it again rather than reading back a result the code no longer gives."""
     files = []
-    import models
-    for root in (*_SIM_CODE, os.path.dirname(os.path.abspath(models.__file__))):
-        for d, _, names in os.walk(root):
-            files += [os.path.join(d, n) for n in names if n.endswith(".py")]
     if policy is not None and not isinstance(policy, str):
         import inspect
         with contextlib.suppress(TypeError):  # a class defined in a notebook has no file: its state is in the id
             files.append(inspect.getfile(type(policy)))
-    h = hashlib.sha1()
-    for f in sorted(files):
-        with open(f, "rb") as fh:
-            h.update(f.encode() + b"\0" + fh.read())
-    return h.hexdigest()[:12]
+    return _digest_files(files, hashlib.sha1(_package_digest().encode())).hexdigest()[:12]
 
 
 def policy_ref(policy) -> str:
