@@ -3,30 +3,17 @@ memory, which the owner's `kv_in` takes when a request's KV moves in. The fast s
 reference must still decide alike, driven by the same random events as in test_reference_scheduler.py
 plus the moves in (each live request's KV moves in after its prefill, before it finishes)."""
 
-import random
-
 import pytest
 
-from dualjax.core.reference import ReferenceScheduler
-from dualjax.core.scheduler import Scheduler, Thresholds, Waiting
-from tests.dualjax.core.test_reference_scheduler import POLICIES, arrive, assert_alike, cluster
+from dualjax.core.scheduler import Waiting
+from tests.dualjax.core.test_reference_scheduler import arrive, assert_alike, pair
 
 SCENARIOS, ROUNDS = 16, 16
 
 
 def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
-    rng = random.Random(seed)
-    th = Thresholds(rng.randint(500, 5000), rng.randint(2000, 20000), rng.choice([1.0, 1.5, 5.0]))
-    engines = cluster(rng, th, rng.choice(["tight", "mixed"]))
-    fast = Scheduler(POLICIES[name](), th, engines, naive=naive, de_memory="resident")
-    ref = ReferenceScheduler(POLICIES[name](), th, engines, naive=naive, de_memory="resident")
-    ranks, nodes = [e.rank for e in engines], sorted({e.node for e in engines})
+    rng, th, fast, ref, ranks, nodes, both = pair(name, seed, naive, ["tight", "mixed"], "resident")
     w_fast, w_ref, live, n = Waiting(), Waiting(), [], 0
-
-    def both(method: str, *args) -> None:
-        getattr(fast, method)(*args)
-        getattr(ref, method)(*args)
-
     for rnd in range(ROUNDS):
         n = arrive(rng, rnd, n, w_fast, w_ref)
         for d in list(live):  # [decision, stage]: 0 prefilling, 1 KV waiting in the DE buffer, 2 decoding

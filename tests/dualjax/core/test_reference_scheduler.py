@@ -86,19 +86,25 @@ def assert_alike(fast, ref, got, want, ranks, w_fast, w_ref, where: str) -> None
     assert [r.id for r in w_fast] == [r.id for r in w_ref], where
 
 
-def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
+def pair(name: str, seed: int, naive: bool, memories: list[str], de_memory: str = "reserved"):
+    """A scenario's start: (rng, thresholds, fast, reference, ranks, nodes, both), `both(method, *args)`
+    calling the method on the two schedulers alike."""
     rng = random.Random(seed)
     th = Thresholds(rng.randint(500, 5000), rng.randint(2000, 20000), rng.choice([1.0, 1.5, 5.0]))
-    engines = cluster(rng, th, rng.choice(["unlimited", "tight", "mixed"]))
-    fast = Scheduler(POLICIES[name](), th, engines, naive=naive)
-    ref = ReferenceScheduler(POLICIES[name](), th, engines, naive=naive)
-    ranks, nodes = [e.rank for e in engines], sorted({e.node for e in engines})
-    w_fast, w_ref, live, n = Waiting(), Waiting(), [], 0
+    engines = cluster(rng, th, rng.choice(memories))
+    fast = Scheduler(POLICIES[name](), th, engines, naive=naive, de_memory=de_memory)
+    ref = ReferenceScheduler(POLICIES[name](), th, engines, naive=naive, de_memory=de_memory)
 
     def both(method: str, *args) -> None:
         getattr(fast, method)(*args)
         getattr(ref, method)(*args)
 
+    return rng, th, fast, ref, [e.rank for e in engines], sorted({e.node for e in engines}), both
+
+
+def run_scenario(name: str, seed: int, naive: bool, tally: dict) -> None:
+    rng, th, fast, ref, ranks, nodes, both = pair(name, seed, naive, ["unlimited", "tight", "mixed"])
+    w_fast, w_ref, live, n = Waiting(), Waiting(), [], 0
     for rnd in range(ROUNDS):
         n = arrive(rng, rnd, n, w_fast, w_ref)
         for d in list(live):  # prefills, then decodes, finish
