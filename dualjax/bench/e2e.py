@@ -9,15 +9,16 @@ storage is a page-cache read). The per-host storage NIC cap is then set so that 
 the paper's regime (at 4x, compute contention on the shared cores held the speed-ups further below
 theory; --quick, a CI smoke run of 3 agents x 3 turns, uses 4x all the same: the capped runs take
 two thirds of the time and loading still dominates). Then, in order of importance: 1p1d and 1p2d
-under basic / dualpath, and dualpath without the scheduling algorithm (`--scheduler naive`:
-round-robin engines, no compute quota; `naive_over_dualpath` is what scheduling buys here) (the
---quick set); the --hbm set: 1p1d under basic / pe-only / dualpath with a
-PE device-memory budget (`--pe-hbm-mb`) that holds every layer of about one request's KV, where
-Basic (which loads a batch's every layer into device memory, then computes it) batches one request
-at a time and layerwise prefill (two layers per row, reads into host DRAM) is not held back, and
-1p1d Basic without the budget loading no batch and one batch ahead of the one computing
-(`--basic-ahead` 0, the default, and 1: what overlapping loads with compute gives it); then 2p1d and
-the remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
+under basic / dualpath, and dual-path loading without the scheduling algorithm, the ablation's step
+(`dualjax sim ablation`'s `dual-path`: `--scheduler naive`, round-robin engines and no compute quota,
+and `--policy round-robin`, reads alternating sides request by request, as no read queue chooses
+them; `naive_over_dualpath` is what scheduling buys here) (the --quick set); the --hbm set: 1p1d
+under basic / pe-only / dualpath with a PE device-memory budget (`--pe-hbm-mb`) that holds every
+layer of about one request's KV, where Basic (which loads a batch's every layer into device memory,
+then computes it) batches one request at a time and layerwise prefill (two layers per row, reads into
+host DRAM) is not held back, and 1p1d Basic without the budget loading no batch and one batch ahead of
+the one computing (`--basic-ahead` 0, the default, and 1: what overlapping loads with compute gives
+it); then 2p1d and the remaining pe-only runs, and 2p2d under dualpath and round-robin for storage-NIC balance. All runs
 share this process and the machine's cores, so hosts also contend for compute; only the per-host
 storage NIC bandwidth and the PE memory budget are emulated. Each configuration runs `--repeats`
 times (default 3, --quick 1), round after round, the control again in every round after the first;
@@ -66,7 +67,8 @@ from dualjax.runtime.startup import prefill_seconds
 log = logging.getLogger("dualjax.bench.e2e")
 
 QUICK = [("1p1d", "basic"), ("1p1d", "dualpath"), ("1p2d", "basic"), ("1p2d", "dualpath")]
-NAIVE = ["1p1d", "1p2d"]  # DualPath without the scheduling algorithm (`--scheduler naive`) beside DualPath
+NAIVE = ["1p1d", "1p2d"]  # the step without the scheduling algorithm beside DualPath, on these clusters
+NAIVE_POLICY = "round-robin"  # its reads: alternating sides (no read queue picks them), under `--scheduler naive`
 REPEATS, QUICK_REPEATS = 3, 1  # runs of each configuration (--repeats)
 FULL = QUICK + [("2p1d", "basic"), ("2p1d", "dualpath"), ("1p1d", "pe-only"), ("1p2d", "pe-only"),
                 ("2p1d", "pe-only"), ("2p2d", "dualpath"), ("2p2d", "round-robin")]
@@ -283,13 +285,13 @@ def spread(values: list[float]) -> dict:
 
 
 def _naive(done: dict) -> dict:
-    """Per cluster, what the scheduling algorithm buys: the JCT of DualPath without it (`--scheduler
-    naive`) over DualPath's, per round where both ran (a same-round ratio, under the same load) and of
-    the medians."""
+    """Per cluster, what the scheduling algorithm buys: the JCT of the step without it (`--scheduler
+    naive --policy round-robin`) over DualPath's, per round where both ran (a same-round ratio, under the
+    same load) and of the medians."""
     out = {}
     for cluster in NAIVE:
         full = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-dualpath", [])}
-        naive = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-dualpath-naive", [])}
+        naive = {s.repeat: r["jct_s"] for s, r in done.get(f"{cluster}-{NAIVE_POLICY}-naive", [])}
         rounds = sorted(set(full) & set(naive))
         if rounds:
             out[cluster] = {"per_round": spread([naive[k] / full[k] for k in rounds]),
@@ -348,7 +350,7 @@ def _result(args, m: Measured, out: dict, k: float, cap: float, hit_bytes: float
         "hbm": out["hbm"], "basic_ahead": out["basic_ahead"],
         # every configuration's JCT over its repeats (min / median / max); the tables above hold the medians
         "repeats": args.repeats, "jct_repeats_s": out["repeats"],
-        # DualPath without the scheduling algorithm over DualPath, where storage binds: > 1 is what it buys
+        # the step without the scheduling algorithm over DualPath, where storage binds: > 1 is what it buys
         "naive_over_dualpath": out["naive"],
         "ran": [n for n in map(_dir, m.runs) if n not in skipped], "skipped": skipped,
         "max_wall_s": args.max_wall_s, "runs": walls,
@@ -406,8 +408,8 @@ def _planned(quick: bool, hbm_only: bool, repeats: int = 1) -> tuple[list[Spec],
     if hbm_only:
         return _repeated(hbm, len(hbm), repeats)
     quick_runs = [r for c, pol in QUICK
-                  for r in [Spec(c, pol)] + ([Spec(c, pol, scheduler="naive")] if pol == "dualpath" and c in NAIVE
-                                            else [])]
+                  for r in [Spec(c, pol)] + ([Spec(c, NAIVE_POLICY, scheduler="naive")]
+                                            if pol == "dualpath" and c in NAIVE else [])]
     if quick:
         return _repeated(quick_runs, len(quick_runs), repeats)
     extra = [r for r in hbm if r not in quick_runs]

@@ -153,8 +153,8 @@ def _speedups(jct: dict) -> list[tuple[str, str, str]]:
     Basic under the PE memory budget and Basic one batch ahead over none (`bench e2e`'s names)."""
     pairs = [(name.rsplit("-", 1)[0], name.replace("-dualpath", "-basic"), name) for name in jct
              if name.endswith("-dualpath") and name.count("-") == 1]
-    pairs += [(f"{name.split('-')[0]}-naive-over-dualpath", name, name.removesuffix("-naive")) for name in jct
-              if name.endswith("-dualpath-naive") and name.count("-") == 2]
+    pairs += [(f"{name.split('-')[0]}-naive-over-dualpath", name, f"{name.split('-')[0]}-dualpath") for name in jct
+              if name.endswith("-naive")]  # round-robin-naive (older results: dualpath-naive, reads by queue)
     pairs += [("1p1d-hbm-pe-only", "1p1d-basic-hbm", "1p1d-pe-only-hbm"),
               ("1p1d-hbm-dualpath", "1p1d-basic-hbm", "1p1d-dualpath-hbm"),
               ("1p1d-basic-ahead1", "1p1d-basic", "1p1d-basic-ahead1")]

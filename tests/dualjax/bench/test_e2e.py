@@ -25,7 +25,7 @@ def test_quick(quick):
     assert set(result["speedup"]) == {"1p1d", "1p2d"}
     assert all(os.path.exists(p) for p in result["plots"])
     assert len(result["runtime_profile"]["pack_fit"]) == 3  # what the simulator replays
-    runs = {f"{c}-{p}" for c in ("1p1d", "1p2d") for p in ("basic", "dualpath", "dualpath-naive")}
+    runs = {f"{c}-{p}" for c in ("1p1d", "1p2d") for p in ("basic", "dualpath", "round-robin-naive")}
     assert set(v["jct_error"]) == runs | {"1p1d-control"} and set(result["naive_over_dualpath"]) == {"1p1d", "1p2d"}
     assert set(v["speedup_error"]) == {"1p1d", "1p2d", "1p1d-naive-over-dualpath", "1p2d-naive-over-dualpath"}
     # every pass compiled before its run's clock, and each configuration ran once (--quick)

@@ -52,8 +52,8 @@ def test_repeats_run_round_after_round_with_the_control_again():
     """Each configuration `repeats` times, the essential rounds first, the control again from the second
     round on (its first run is measured before); DualPath's step without scheduling beside it."""
     once, n = _planned(quick=True, hbm_only=False)
-    assert [_name(r) for r in once] == ["1p1d-basic", "1p1d-dualpath", "1p1d-dualpath-naive", "1p2d-basic",
-                                        "1p2d-dualpath", "1p2d-dualpath-naive"] and n == 6
+    assert [_name(r) for r in once] == ["1p1d-basic", "1p1d-dualpath", "1p1d-round-robin-naive", "1p2d-basic",
+                                        "1p2d-dualpath", "1p2d-round-robin-naive"] and n == 6
     runs, essential = _planned(quick=True, hbm_only=False, repeats=3)
     assert essential == len(runs) == 3 * 6 + 2
     assert runs[:6] == once and runs[6] == Spec("1p1d", "basic", capped=False, repeat=1) and _name(runs[6]) == CONTROL
@@ -69,8 +69,8 @@ def test_spread_and_what_scheduling_buys():
                                         "spread": 1.0}
     # per round naive / dualpath: 12/10, 10/10, 18/12 = 1.2, 1.0, 1.5; medians 12 / 10
     done = {"1p1d-dualpath": [(Spec("1p1d", "dualpath", repeat=k), {"jct_s": t}) for k, t in enumerate([10, 10, 12])],
-            "1p1d-dualpath-naive": [(Spec("1p1d", "dualpath", scheduler="naive", repeat=k), {"jct_s": t})
-                                    for k, t in enumerate([12, 10, 18])]}
+            "1p1d-round-robin-naive": [(Spec("1p1d", "round-robin", scheduler="naive", repeat=k), {"jct_s": t})
+                                       for k, t in enumerate([12, 10, 18])]}
     got = _naive(done)
     assert set(got) == {"1p1d"} and got["1p1d"]["of_medians"] == pytest.approx(1.2)
     assert got["1p1d"]["per_round"]["values"] == pytest.approx([1.2, 1.0, 1.5])
@@ -130,8 +130,8 @@ def test_the_benchmark_groups_repeats_into_medians(tmp_path, monkeypatch):
     configuration's median, `jct_repeats_s` every repeat, `naive_over_dualpath` the same-round ratios."""
     from dualjax.bench import e2e
     jct = {("1p1d", "basic", "full", True): 40.0, ("1p1d", "dualpath", "full", True): 20.0,
-           ("1p1d", "dualpath", "naive", True): 24.0, ("1p2d", "basic", "full", True): 32.0,
-           ("1p2d", "dualpath", "full", True): 15.0, ("1p2d", "dualpath", "naive", True): 15.0,
+           ("1p1d", "round-robin", "naive", True): 24.0, ("1p2d", "basic", "full", True): 32.0,
+           ("1p2d", "dualpath", "full", True): 15.0, ("1p2d", "round-robin", "naive", True): 15.0,
            ("1p1d", "basic", "full", False): 5.0}
     rounds = iter(range(10_000))
 
@@ -151,10 +151,12 @@ def test_the_benchmark_groups_repeats_into_medians(tmp_path, monkeypatch):
     assert got["skipped"] == {} and len(got["ran"]) == 20
     spread = got["jct_repeats_s"]
     assert {k: v["n"] for k, v in spread.items()} == {e2e.CONTROL: 3} | dict.fromkeys(
-        ["1p1d-basic", "1p1d-dualpath", "1p1d-dualpath-naive", "1p2d-basic", "1p2d-dualpath", "1p2d-dualpath-naive"], 3)
+        ["1p1d-basic", "1p1d-dualpath", "1p1d-round-robin-naive", "1p2d-basic", "1p2d-dualpath",
+         "1p2d-round-robin-naive"], 3)
     for config, s in spread.items():
         assert s["min"] <= s["median"] <= s["max"] and s["median"] == sorted(s["values"])[1]
-    assert got["jct_s"]["1p1d"] == {p: spread[f"1p1d-{p}"]["median"] for p in ("basic", "dualpath", "dualpath-naive")}
+    assert got["jct_s"]["1p1d"] == {p: spread[f"1p1d-{p}"]["median"]
+                                    for p in ("basic", "dualpath", "round-robin-naive")}
     ratios = got["naive_over_dualpath"]["1p1d"]["per_round"]["values"]
     assert len(ratios) == 3 and all(1.2 * 0.8 < r < 1.2 * 1.2 for r in ratios)  # 24 / 20, each within the noise
     assert got["naive_over_dualpath"]["1p2d"]["of_medians"] == pytest.approx(1.0)

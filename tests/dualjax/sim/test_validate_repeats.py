@@ -41,9 +41,11 @@ def test_a_result_from_before_repeats_is_one_repeat_a_run():
 
 
 def test_naive_is_set_against_dualpath_and_the_table_shows_the_range():
-    jct = {"1p1d-basic": 40.0, "1p1d-dualpath": 22.0, "1p1d-dualpath-naive": 23.0, "1p2d-dualpath-naive": 9.0}
+    jct = {"1p1d-basic": 40.0, "1p1d-dualpath": 22.0, "1p1d-round-robin-naive": 23.0, "1p2d-round-robin-naive": 9.0}
     assert sorted(_speedups(jct)) == [("1p1d", "1p1d-basic", "1p1d-dualpath"),
-                                      ("1p1d-naive-over-dualpath", "1p1d-dualpath-naive", "1p1d-dualpath")]
+                                      ("1p1d-naive-over-dualpath", "1p1d-round-robin-naive", "1p1d-dualpath")]
+    older = {"1p1d-dualpath": 22.0, "1p1d-dualpath-naive": 23.0}  # the step kept DualPath's read rule then
+    assert _speedups(older) == [("1p1d-naive-over-dualpath", "1p1d-dualpath-naive", "1p1d-dualpath")]
     spread = {"a": _spread([20.0, 22.0, 30.0]), "b": _spread([7.0])}
     assert spread["a"]["median"] == 22.0 and spread["a"]["spread"] == pytest.approx(10 / 22)
     rows = _table({"a": 22.0, "b": 7.0}, {"a": 25.0, "b": 10.0}, {"a": 25 / 22 - 1, "b": 3 / 7}, spread,
