@@ -16,7 +16,8 @@ that would pass `--max-wall-s` are skipped and listed. Progress goes to the term
 
 The points run as `dualjax sim sweep` runs its grid (docs/sweep.md): on `--jobs` processes (default: every
 core), the longest first, each run's outputs in `--out DIR/<point-id>/` (default: FILE-runs beside
---json); run again with the same --out, the command reads back every point it finished before.
+--json); run again with the same --out, the command reads back every point it finished before. The 48P96D
+point runs last with no other beside it, so its wall time is that of one `dualjax sim` on the machine.
 """
 
 from __future__ import annotations

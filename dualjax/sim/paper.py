@@ -9,7 +9,8 @@ Points (`Scale`; the full one: 2P4D, paper-64k, DeepSeek-V3.2 on `paper-h800` as
 * `online` TTFT / TTST / TPOT of DualPath at 0.4 APS over the paper's steady-state window;
 * `capacity_aps` of Basic and DualPath within the SLO (`search.find_capacity`), under each reading of its
   stop rule (`capacity_aps_by_reading`: mean TTFT, and 90 % of requests within both limits);
-* `large`: 48P96D x 49,152 agents offline (DualPath) and its wall time (skip: `large=False`);
+* `large`: 48P96D x 49,152 agents offline (DualPath) and its wall time, run after the other points with
+  none beside it (skip: `large=False`);
 * `mechanisms`: Basic's loading discipline and layerwise's layers held, each both ways (2,048 agents);
 * `sensitivity` (optional): the headline, DualPath over Basic at 2,048 agents, with each assumed input
   at x0.5 and x1.5 of its value (the fitted inputs held).
@@ -105,6 +106,7 @@ class Paper:
         self.skipped: dict[str, str] = {}
         self.requests = self.walls = 0.0  # of the offline runs so far: their seconds per request
         self.tasks: list = []
+        self.alone: list = []  # points run after the rest, one at a time: their wall is a lone `dualjax sim`'s
         self.names: dict[str, tuple[str, float]] = {}  # task id: (name, agents it simulates, about)
 
     def fits(self, name: str, requests: float) -> bool:
@@ -123,8 +125,9 @@ class Paper:
         return sum(d["requests"] for d in runs) / sum(d["agents"] for d in runs) if runs else 100.0
 
     def run(self, step: str, agents: int, label: str | None = None, hw: Hardware | None = None,
-            cluster: str | None = None, **changes) -> None:
-        """An offline run (an ablation step, with `changes` to the config) to make, once per name."""
+            cluster: str | None = None, alone: bool = False, **changes) -> None:
+        """An offline run (an ablation step, with `changes` to the config) to make, once per name (`alone`:
+        after the others, with no other point beside it)."""
         name = label or f"{step}@{agents}"
         if name in self.details:
             return
@@ -133,7 +136,7 @@ class Paper:
             cfg = dataclasses.replace(cfg, cluster=ClusterSpec.parse(cluster))
         cfg, hw = step_config(cfg, step, hw or self.hw)
         point = Point(cfg, label=name, hardware=hw)
-        self.tasks.append(point)
+        (self.alone if alone else self.tasks).append(point)
         self.names[point.id] = (name, agents)
         self.details[name] = {"step": step, "agents": agents, "cluster": cfg.cluster.name, **changes}  # + its run
 
@@ -145,23 +148,28 @@ class Paper:
 
     def execute(self, out: str, jobs: int | None = None, progress: bool = False) -> None:
         """Run every task (resumable under `out`); the longest first unless a wall bound asks for the order
-        of importance."""
+        of importance; then the `alone` ones on one process."""
         tasks = self.tasks if math.isfinite(self.max_wall_s) else sorted(self.tasks, key=lambda t: -t.cost())
 
         def admit(task) -> str | None:
             name, agents = self.names[task.id]
             return None if self.fits(name, agents * self.requests_per_agent()) else self.skipped[name]
 
-        self.log(f"{len(tasks)} points on {jobs or default_jobs()} process(es), outputs under {out}")
+        self.log(f"{len(tasks)} points on {jobs or default_jobs()} process(es), then {len(self.alone)} alone, "
+                 f"outputs under {out}")
         outcome = run_tasks(tasks, out, jobs, progress, admit=admit, on_done=lambda *a: self._done(out, *a),
                             desc="sim paper")
-        for task in self.tasks:  # a skipped or failed run has no figures
+        if self.alone:
+            alone = run_tasks(self.alone, out, 1, progress, admit=admit, on_done=lambda *a: self._done(out, *a),
+                              desc="sim paper, alone")
+            outcome.failed |= alone.failed
+        for task in self.tasks + self.alone:  # a skipped or failed run has no figures
             name = self.names[task.id][0]
             if isinstance(task, Point) and "jct_s" not in self.details.get(name, {}):
                 self.details.pop(name, None)
         if outcome.failed:
             raise SimError(f"{len(outcome.failed)} point(s) failed; tracebacks: " + ", ".join(outcome.failed.values()))
-        order = [self.names[t.id][0] for t in self.tasks]
+        order = [self.names[t.id][0] for t in self.tasks + self.alone]
         self.details = {n: self.details[n] for n in order if n in self.details}
 
     def _done(self, out: str, task, result, wall, resumed: bool) -> None:
@@ -252,7 +260,7 @@ def reproduce(hw: Hardware, fit_file: str | None, scale: Scale = Scale(), large:
         p.call(f"capacity {pol}", capacity_search, (p.base, s.capacity_start_aps, s.capacity_steps, pol, hw),
                10 * s.capacity_start_aps * HORIZON_S)
     if large:
-        p.run("dualpath", s.large_agents, label="large", cluster=s.large_cluster)
+        p.run("dualpath", s.large_agents, label="large", cluster=s.large_cluster, alone=True)
     if sensitivity:
         for name, scaled in ASSUMED.items():
             for f in (0.5, 1.5):
