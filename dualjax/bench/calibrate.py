@@ -34,6 +34,7 @@ import scipy.optimize
 import models
 from dualjax.bench import common
 from dualjax.core.config import ClusterSpec, RunConfig
+from dualjax.core.lengths import longest_context
 from dualjax.core.records import PassTally
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.runtime.messages import LayerKV
@@ -88,8 +89,7 @@ def workload_extent(workload: str, prefill_chunk: int = 2048, agents: int | None
     spec = get_workload(workload, agents=agents, turns=turns)
     lengths = [turn_lengths(spec, a) for a in range(spec.agents)]
     new = max(int(a.max()) for a, _ in lengths)
-    context = max(int(a.sum() + g.sum()) for a, g in lengths)
-    return min(new, prefill_chunk), context
+    return min(new, prefill_chunk), longest_context(lengths)
 
 
 def decode_fit(model: str, slots: int, repeats: int = 5) -> tuple[float, float]:

@@ -40,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import pathlib
 import shutil
 import statistics
 import time
@@ -186,7 +187,7 @@ def _run(cfg: RunConfig, launcher: str) -> dict:
         rc = launch_mpi(cfg, quiet=True)
         path = os.path.join(cfg.out, "report.json")
         if rc or not os.path.exists(path):
-            why = "".join(open(p).read() for p in failed_hosts(cfg.out))[-2000:]
+            why = "".join(pathlib.Path(p).read_text() for p in failed_hosts(cfg.out))[-2000:]
             log.warning("%s: mpiexec exit code %s", cfg.out, rc)
             return {"wall_s": time.time() - t0, "error": f"mpiexec exit code {rc}: {why}"}
         with open(path) as f:

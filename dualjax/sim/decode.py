@@ -70,7 +70,7 @@ class DecodeSide:
         need = c.prompt_tokens[rid] + c.gen_len[rid]
         de.kv_free -= need
         self.scheduler.kv_in(de.rank, need)
-        if self.cfg.de_memory == "resident":  # reserved: taken at placement, where it is noted
+        if not self.reserved:  # reserved: taken at placement, where it is noted
             self._note_de_memory(de)
         nbytes = c.prompt_tokens[rid] * self.kvb
         done = de.node.dram.reserve(now, nbytes)

@@ -131,6 +131,7 @@ class Simulation(PrefillSide, DecodeSide):
         views = self._build(ep_groups(P, g, hw.ep_gpus), ep_groups(D, g, hw.ep_gpus))
         self.scheduler = Scheduler(self.policy, self.thresholds(), views, naive=cfg.scheduler == "naive",
                                    de_memory=cfg.de_memory)
+        self.reserved = cfg.de_memory == "reserved"  # placement takes a DE's memory (resident: the KV moving in)
         self.waiting = Waiting()
         n = sum(len(a) for a in append)
         self.n_requests = n
@@ -300,10 +301,11 @@ class Simulation(PrefillSide, DecodeSide):
     def _submit(self, agent: int) -> None:
         k, ctx = self.next_turn[agent], self.context[agent]
         prompt, gen = ctx + self.append[agent][k], self.gen[agent][k]
-        hit = hit_tokens(ctx, prompt, self.block_tokens, self.cfg.use_store)
         if self.trace is not None:  # the session's own prompt and hits (its hash ids), in whole blocks
             prompt = int(self.trace.prompt[agent][k])
             hit = at_block(int(self.trace.hit[agent][k]), prompt, self.block_tokens) if self.cfg.use_store else 0
+        else:
+            hit = hit_tokens(ctx, prompt, self.block_tokens, self.cfg.use_store)
         if prompt + gen > self.de_mem:
             raise SimError(f"agent {agent} turn {k} needs {prompt + gen} tokens of KV, more than a "
                            f"decode engine holds ({self.de_mem} tokens on {self.hw.name} with {self.model.name})")
@@ -319,10 +321,9 @@ class Simulation(PrefillSide, DecodeSide):
         """Place what can be placed after the event keyed `due` = (time, order)."""
         self.dirty = False
         self._reads_done(due)
-        reserved = self.cfg.de_memory == "reserved"  # the memory is taken here (resident: when the KV moves in)
         for d in self.scheduler.schedule(self.waiting):
             self._place(d)
-            if reserved:
+            if self.reserved:  # the memory is taken here (resident: when the KV moves in)
                 self._note_de_memory(self.engines[d.de])
 
     def _note_de_memory(self, de: DecodeEngine) -> None:

@@ -157,19 +157,21 @@ class Paper:
 
         self.log(f"{len(tasks)} points on {jobs or default_jobs()} process(es), then {len(self.alone)} alone, "
                  f"outputs under {out}")
-        outcome = run_tasks(tasks, out, jobs, progress, admit=admit, on_done=lambda *a: self._done(out, *a),
-                            desc="sim paper")
+        def done(*args) -> None:
+            self._done(out, *args)
+
+        outcome = run_tasks(tasks, out, jobs, progress, admit=admit, on_done=done, desc="sim paper")
         if self.alone:
-            alone = run_tasks(self.alone, out, 1, progress, admit=admit, on_done=lambda *a: self._done(out, *a),
-                              desc="sim paper, alone")
-            outcome.failed |= alone.failed
-        for task in self.tasks + self.alone:  # a skipped or failed run has no figures
+            outcome.failed |= run_tasks(self.alone, out, 1, progress, admit=admit, on_done=done,
+                                        desc="sim paper, alone").failed
+        every = self.tasks + self.alone
+        for task in every:  # a skipped or failed run has no figures
             name = self.names[task.id][0]
             if isinstance(task, Point) and "jct_s" not in self.details.get(name, {}):
                 self.details.pop(name, None)
         if outcome.failed:
             raise SimError(f"{len(outcome.failed)} point(s) failed; tracebacks: " + ", ".join(outcome.failed.values()))
-        order = [self.names[t.id][0] for t in self.tasks + self.alone]
+        order = [self.names[t.id][0] for t in every]
         self.details = {n: self.details[n] for n in order if n in self.details}
 
     def _done(self, out: str, task, result, wall, resumed: bool) -> None:
