@@ -9,19 +9,10 @@ from __future__ import annotations
 
 import math
 
-from dualjax.core.policies import POLICIES, DualPath, Plan, Policy
+from dualjax.core.policies import POLICIES, DualPath, Plan, Policy, load_prefix
 
 SIDES = ("pe", "de", "dualpath")
 _DUALPATH = DualPath()
-
-
-def _load_prefix(request, side: str, loaded: int):
-    """`side` reads the first `loaded` hit tokens (rounded down to a block), the PE recomputes the rest."""
-    T = request.block_tokens
-    loaded = max(0, min(request.hit_tokens, int(loaded) // T * T))
-    if loaded == request.hit_tokens:
-        return side
-    return Plan(de_tokens=loaded if side == "de" else 0, recompute_tokens=request.hit_tokens - loaded)
 
 
 def _with_deadline(request, side: str, seconds: float) -> Plan:
@@ -52,7 +43,7 @@ class LoadOrRecompute(Policy):
 
     def path(self, request, pe, de):
         side = _DUALPATH.path(request, pe, de) if self.side == "dualpath" else self.side
-        return _load_prefix(request, side, self.loaded(request, pe, de, side))
+        return load_prefix(request, side, self.loaded(request, pe, de, side))
 
     def loaded(self, request, pe, de, side: str) -> int:
         """Hit tokens `side` ("pe" or "de") loads: `request.hit_tokens` for all, 0 to recompute them all."""

@@ -236,6 +236,16 @@ class DualPathSplit(Policy):
         return Plan(de_tokens=min(hit, max(0, _blocks(x, request.block_tokens))))
 
 
+def load_prefix(request, side: str, loaded: int) -> str | Plan:
+    """`side` reads the first `loaded` hit tokens (rounded down to a block), the PE recomputes the rest;
+    just `side` when that is every hit token."""
+    T = request.block_tokens
+    loaded = max(0, min(request.hit_tokens, int(loaded) // T * T))
+    if loaded == request.hit_tokens:
+        return side
+    return Plan(de_tokens=loaded if side == "de" else 0, recompute_tokens=request.hit_tokens - loaded)
+
+
 def recompute_tail(request, pe, reader) -> int:
     """Hit tokens (a whole-block tail) to recompute rather than load, when `reader` reads the rest.
 
@@ -285,10 +295,7 @@ class DualPathRecompute(DualPath):
 
     def path(self, request, pe, de):
         side = super().path(request, pe, de)
-        r = recompute_tail(request, pe, pe if side == "pe" else de)
-        if not r:
-            return side
-        return Plan(de_tokens=request.hit_tokens - r if side == "de" else 0, recompute_tokens=r)
+        return load_prefix(request, side, request.hit_tokens - recompute_tail(request, pe, pe if side == "pe" else de))
 
 
 # every built-in by name (`--policy NAME`); dualjax/core/field_policies.py adds the load-or-recompute
