@@ -58,6 +58,7 @@ from typing import NamedTuple
 
 from dualjax.bench.common import bench_args, emit, show_progress
 from dualjax.core.config import ClusterSpec, RunConfig, number
+from dualjax.core.report import spread as report_spread
 from dualjax.core.workload import get_workload, turn_lengths
 from dualjax.outputs import comparison, load_run, output_dir
 from dualjax.plots import plot_compare
@@ -279,9 +280,7 @@ def _capped(run, walls: dict, m: Measured, k: float, cap: float, elapsed, args, 
 
 def spread(values: list[float]) -> dict:
     """Repeats of one figure: each, their least, median and most, and (most - least) / median."""
-    med = statistics.median(values)
-    return {"values": values, "n": len(values), "min": min(values), "median": med, "max": max(values),
-            "spread": (max(values) - min(values)) / med if med else None}
+    return {"values": values, **report_spread(values)}
 
 
 def _naive(done: dict) -> dict:

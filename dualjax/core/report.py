@@ -13,6 +13,7 @@ Real runs and simulations build the same report (`build_report`) from the same r
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import numpy as np
 
@@ -28,6 +29,13 @@ def _stats(values) -> dict:
     if v.size == 0:
         return {"mean": None, "p50": None, "p99": None}
     return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
+
+
+def spread(values: list[float]) -> dict:
+    """Repeats of one figure: their number, least, median and most, and (most - least) / median."""
+    med = statistics.median(values)
+    return {"n": len(values), "min": min(values), "median": med, "max": max(values),
+            "spread": (max(values) - min(values)) / med if med else None}
 
 
 def normalise(records: list[dict]) -> list[dict]:

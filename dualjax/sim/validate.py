@@ -21,6 +21,7 @@ import os
 import statistics
 
 from dualjax.core.config import ClusterSpec, SimConfig
+from dualjax.core.report import spread as _spread
 from dualjax.sim import simulate
 from dualjax.sim.resources import PassTable
 
@@ -126,13 +127,6 @@ def _configurations(real: dict) -> list[tuple[str, dict, dict, list, list]]:
                                       "snic_mbps": real["cap_mbps"]}, {0: jct}, [f"{cluster}-{pol}"], [])
                 for pol, jct in pols.items()]
     return out
-
-
-def _spread(values: list[float]) -> dict:
-    """Repeats of one figure: their number, least, median and most, and (most - least) / median."""
-    med = statistics.median(values)
-    return {"n": len(values), "min": min(values), "median": med, "max": max(values),
-            "spread": (max(values) - min(values)) / med if med else None}
 
 
 def _table(real: dict, sim: dict, errors: dict, spread: dict, speed: dict, excluded: dict) -> list[dict]:
