@@ -178,9 +178,19 @@ class Scheduler:
         for e in engines:  # engines of a node share its queue
             n = self.node_index[e.node]
             self.read_q[n] = max(self.read_q[n], e.read_q_tokens)
+        self._overrides = type(policy).engines is not Policy.engines
+        self._rr = [0, 0]  # naive: next PE, next DE (round robin)
+        # rounds with requests waiting that the PE rule ended (every PE over beta), and rounds in which the DE
+        # rule refused a request (no DE of its group with memory for it): what holds requests in the queue
+        self.stops = {"pe_rule": 0, "de_rule": 0}
+        self._index_pes()
+        self._index_groups()
+
+    def _index_pes(self) -> None:
+        """The PEs' positions, nodes and tokens, and pick_pe's heap."""
         pes = [i for i, r in enumerate(self.roles) if r == "prefill"]
         self.pe_ranks = [self.ranks[i] for i in pes]
-        self.pe_pos: list[int | None] = [None] * len(engines)  # engine -> its position among the PEs
+        self.pe_pos: list[int | None] = [None] * len(self.ranks)  # engine -> its position among the PEs
         for k, i in enumerate(pes):
             self.pe_pos[i] = k
         self.pe_tokens = [self.tokens[i] for i in pes]
@@ -188,19 +198,7 @@ class Scheduler:
         self.node_pes: dict[int, list[int]] = {}  # node -> its PEs' positions
         for k, n in enumerate(self.pe_nodes):
             self.node_pes.setdefault(n, []).append(k)
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(self.roles):
-            if r == "decode":
-                groups.setdefault(self.node_of[i], []).append(i)
-        self.group_of: list[int | None] = [None] * len(engines)  # engine -> its DE group
-        for g, n in enumerate(sorted(groups)):
-            for i in groups[n]:
-                self.group_of[i] = g
-        self.groups = [_taker(groups[n]) for n in sorted(groups)]  # takes a group's members of a per-engine list
-        self.group_ranks = [[self.ranks[i] for i in groups[n]] for n in sorted(groups)]
-        self.group_tokens = [sum(take(self.tokens)) for take in self.groups]
-        self._overrides = type(policy).engines is not Policy.engines
-        self._pe_open = sum(t <= thresholds.beta_tokens for t in self.pe_tokens)  # PEs not over beta
+        self._pe_open = sum(t <= self.th.beta_tokens for t in self.pe_tokens)  # PEs not over beta
         # pick_pe's order as a heap of ints key * _PE_SLOT + position (an int compares at a fraction of a
         # tuple's cost) with stale entries left in it: key = tokens, plus _C3 while the node's read queue is
         # over alpha; _pe_entry[k] is position k's valid entry, None over beta.
@@ -210,6 +208,20 @@ class Scheduler:
         self._pe_entry: list[int | None] = [None] * len(pes)
         for k in range(len(pes)):
             self._pe_push(k)
+
+    def _index_groups(self) -> None:
+        """The DE groups (a node's DEs), level 1's queues and load, and the heap of their heads."""
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(self.roles):
+            if r == "decode":
+                groups.setdefault(self.node_of[i], []).append(i)
+        self.group_of: list[int | None] = [None] * len(self.ranks)  # engine -> its DE group
+        for g, n in enumerate(sorted(groups)):
+            for i in groups[n]:
+                self.group_of[i] = g
+        self.groups = [_taker(groups[n]) for n in sorted(groups)]  # takes a group's members of a per-engine list
+        self.group_ranks = [[self.ranks[i] for i in groups[n]] for n in sorted(groups)]
+        self.group_tokens = [sum(take(self.tokens)) for take in self.groups]
         self._de_blocked: dict[int, int] = {}  # group -> the request none of its DEs could take, until one changes
         self.group_queues = [GroupQueue() for _ in self.groups]  # level 1's assignment, FIFO per group
         # Level 1's key per group: its tokens plus those assigned to it and not yet placed (a placement moves
@@ -228,10 +240,6 @@ class Scheduler:
         self._heads: list[int] = []
         self._in_heads: list[int | None] = [None] * len(self.groups)
         self._pending: set[int] = set()
-        self._rr = [0, 0]  # naive: next PE, next DE (round robin)
-        # rounds with requests waiting that the PE rule ended (every PE over beta), and rounds in which the DE
-        # rule refused a request (no DE of its group with memory for it): what holds requests in the queue
-        self.stops = {"pe_rule": 0, "de_rule": 0}
         self.de_list = [i for i, r in enumerate(self.roles) if r == "decode"]
 
     # -- state -------------------------------------------------------------------------------------
